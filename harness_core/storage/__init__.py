@@ -1,0 +1,19 @@
+"""Storage backends behind one small contract (`Storage`), like httpx transports behind a client.
+
+- `MemoryStorage`: reference semantics, nothing survives the process.
+- `SqliteStorage`: aiosqlite, WAL, `synchronous=NORMAL` (or FULL with `durability="full"`); the default.
+- `JsonlStorage`: append-only files with one commit marker per commit.
+"""
+
+from harness_core.storage._memory import MemoryStorage
+from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
+
+__all__ = [
+    "CommitBatch",
+    "DocChange",
+    "DocCreate",
+    "MemoryStorage",
+    "Order",
+    "Storage",
+    "StorageMeta",
+]
