@@ -1,0 +1,530 @@
+"""The SQLite backend (aiosqlite, WAL): the default store for long-running bots.
+
+Every record is one row holding its JSON; a few columns copy the fields that reads filter on, so every read is
+an index range. One commit is one SQL transaction written in one hop to aiosqlite's worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+
+import aiosqlite
+from pydantic import BaseModel, ValidationError
+
+from harness_core.errors import StorageClosed, StorageCorrupt, StorageError, StorageRequestError
+from harness_core.records import (
+    Conversation,
+    DocScope,
+    DocumentContent,
+    DocumentRecord,
+    DocumentValue,
+    Entry,
+    Page,
+    Submission,
+    SubmissionStatus,
+    Task,
+)
+from harness_core.storage._common import check_cursor, make_cursor, materialize
+from harness_core.storage._lock import OwnerLock
+from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
+from harness_core.storage._sqlite_schema import migrate
+
+Durability = Literal["normal", "full"]
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", Conversation, Entry, Task, Submission)
+
+_MAX_SEQ = 2**63 - 1
+
+# Statements of one commit, in the order the memory backend applies a batch.
+_INSERT_CONVERSATION = "INSERT INTO conversations (id, owner_task_id, record) VALUES (?, ?, ?)"
+_INSERT_ENTRY = "INSERT INTO entries (id, conversation_id, head, record) VALUES (?, ?, ?, ?)"
+_UPSERT_TASK = (
+    "INSERT INTO tasks (id, conversation_id, kind, live, record) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
+    "live = excluded.live, record = excluded.record"
+)
+# ON CONFLICT (id) rather than INSERT OR REPLACE: a clash on (conversation_id, request_id) with another
+# submission must fail, not silently delete that other row.
+_UPSERT_SUBMISSION = (
+    "INSERT INTO submissions (id, conversation_id, request_id, status, record) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, "
+    "request_id = excluded.request_id, status = excluded.status, record = excluded.record"
+)
+_INSERT_DOC = (
+    "INSERT INTO doc_records (id, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, record) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, is_base, content) VALUES (?, ?, ?, ?)"
+# A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
+_RECLAIM_BEFORE_BASE = (
+    "DELETE FROM doc_contents WHERE doc_id = ?1 AND seq < ?2 "
+    "AND (SELECT rewindable FROM doc_records WHERE id = ?1) = 0"
+)
+_RETIRE = "UPDATE doc_records SET retired_seq = ? WHERE id = ?"
+# A retired current-only document can never be read again (reads by seq are refused for it).
+_RECLAIM_RETIRED = (
+    "DELETE FROM doc_contents WHERE doc_id = ?1 AND (SELECT rewindable FROM doc_records WHERE id = ?1) = 0"
+)
+_UPDATE_META = "UPDATE meta SET next_id = max(next_id, ?), last_seq = ? WHERE id = 1"
+
+# The newest base at or before ?2 and the deltas after it (a lone delta tail is returned whole, so
+# materialize() reports the missing base as corruption).
+_CONTENT_TAIL = (
+    "SELECT content FROM doc_contents WHERE doc_id = ?1 AND seq <= ?2 AND seq >= coalesce("
+    "(SELECT max(seq) FROM doc_contents WHERE doc_id = ?1 AND is_base = 1 AND seq <= ?2), 0) ORDER BY seq"
+)
+
+
+@dataclass
+class _Plan:
+    """A commit serialized before any I/O, so a serialization failure leaves the store untouched."""
+
+    conversations: list[tuple[Any, ...]] = field(default_factory=list)
+    entries: list[tuple[Any, ...]] = field(default_factory=list)
+    tasks: list[tuple[Any, ...]] = field(default_factory=list)
+    submissions: list[tuple[Any, ...]] = field(default_factory=list)
+    docs: list[tuple[Any, ...]] = field(default_factory=list)
+    contents: list[tuple[Any, ...]] = field(default_factory=list)
+    bases: list[tuple[Any, ...]] = field(default_factory=list)
+    retires: list[tuple[Any, ...]] = field(default_factory=list)
+    retired: list[tuple[Any, ...]] = field(default_factory=list)
+    next_id: int = 0
+    last_seq: int = 0
+
+    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        return [
+            (_INSERT_CONVERSATION, self.conversations),
+            (_INSERT_ENTRY, self.entries),
+            (_UPSERT_TASK, self.tasks),
+            (_UPSERT_SUBMISSION, self.submissions),
+            (_INSERT_DOC, self.docs),
+            (_INSERT_CONTENT, self.contents),
+            (_RECLAIM_BEFORE_BASE, self.bases),
+        ]
+
+
+def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
+    plan = _Plan(next_id=next_id)
+    for batch in batches:
+        for conv in batch.conversations:
+            plan.conversations.append((conv.id, conv.owner_task_id, conv.model_dump_json()))
+        for e in batch.entries:
+            plan.entries.append((e.id, e.conversation_id, e.head, e.model_dump_json()))
+        for t in batch.tasks:
+            plan.tasks.append((t.id, t.conversation_id, t.kind, int(t.live), t.model_dump_json()))
+        for s in batch.submissions:
+            plan.submissions.append((s.id, s.conversation_id, s.request_id, s.status, s.model_dump_json()))
+        for create in batch.doc_creates:
+            r = create.record
+            rewindable = int(r.scope == "conversation" and r.history == "rewindable")
+            plan.docs.append(
+                (
+                    r.id,
+                    r.kind,
+                    r.scope,
+                    r.scope_id,
+                    r.key,
+                    rewindable,
+                    r.created_seq,
+                    r.retired_seq,
+                    r.model_dump_json(),
+                )
+            )
+            content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
+            plan.contents.append((r.id, batch.seq, 1, content.model_dump_json()))
+        for change in batch.doc_changes:
+            rev = change.content
+            plan.contents.append((change.id, rev.seq, int(rev.is_base), rev.model_dump_json()))
+            if rev.is_base:
+                plan.bases.append((change.id, rev.seq))
+        for doc_id in batch.doc_retires:
+            plan.retires.append((batch.seq, doc_id))
+            plan.retired.append((doc_id,))
+        plan.next_id = max(plan.next_id, batch.next_id)
+        plan.last_seq = batch.seq
+    return plan
+
+
+def _write(conn: sqlite3.Connection, plan: _Plan) -> None:
+    """Runs on the connection thread: the whole group of batches in one transaction."""
+    # IMMEDIATE takes the write lock up front, so a competing writer fails here and not half way through.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for sql, rows in plan.statements():
+            if rows:
+                conn.executemany(sql, rows)
+        if plan.retires:
+            changed = conn.executemany(_RETIRE, plan.retires).rowcount
+            if changed != len(plan.retires):
+                raise StorageError(f"commit retires an unknown document (ids {[r[1] for r in plan.retires]})")
+            conn.executemany(_RECLAIM_RETIRED, plan.retired)
+        conn.execute(_UPDATE_META, (plan.next_id, plan.last_seq))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # some errors (disk full, I/O) already rolled back
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _translate(path: str, action: str, exc: sqlite3.Error) -> StorageError:
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StorageError(
+            f"storage {path} is locked by another SQLite connection that does not take the owner lock "
+            f"({exc}); {action} failed"
+        )
+    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+        return StorageCorrupt(f"storage {path} is not a readable SQLite database ({exc}); {action} failed")
+    return StorageError(f"storage {path}: {action} failed: {exc}")
+
+
+async def _on_thread(db: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    # aiosqlite has no public "run this callable on the connection thread". Its private `_execute` queues
+    # exactly that, so a commit is one hop instead of one per statement, and no other queued call (a read)
+    # can run between BEGIN and COMMIT.
+    execute = cast(Callable[[Callable[[], T]], Awaitable[T]], db._execute)
+    return await execute(lambda: fn(db._conn))
+
+
+def _setup(conn: sqlite3.Connection, path: str, durability: Durability) -> StorageMeta:
+    conn.execute("PRAGMA user_version").fetchone()  # reads the header: a foreign file fails here
+    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if str(mode).lower() != "wal":
+        raise StorageError(f"storage {path} cannot use WAL journaling (journal_mode is {mode})")
+    conn.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA foreign_keys = ON")  # a change to an unknown document fails its commit
+    migrate(conn, path)
+    next_id, last_seq = conn.execute("SELECT next_id, last_seq FROM meta WHERE id = 1").fetchone()
+    return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
+
+
+def _prepare(path: Path) -> tuple[str, OwnerLock]:
+    """Take the owner lock, then create the file. A few local syscalls, done inline."""
+    file = path.absolute()
+    description = str(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    lock = OwnerLock.acquire(file.with_name(file.name + ".lock"), description)
+    try:
+        # Created 0600 before SQLite sees it; SQLite gives -wal and -shm the database file's mode.
+        os.close(os.open(file, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as exc:
+        lock.release()
+        raise StorageError(f"cannot create storage {description}: {exc}") from exc
+    return description, lock
+
+
+def _parse(model: type[M], text: str, path: str, what: str) -> M:
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise StorageCorrupt(f"storage {path} holds an unreadable {what}: {exc}") from exc
+
+
+class SqliteStorage:
+    """A SQLite file. Open with `await SqliteStorage.open(path)`; one process owns it at a time."""
+
+    def __init__(self, path: str, db: aiosqlite.Connection, lock: OwnerLock, meta: StorageMeta) -> None:
+        self._path = path
+        self._db = db
+        self._lock = lock
+        self._next_id = meta.next_id
+        self._last_seq = meta.last_seq
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, path: str | os.PathLike[str], *, durability: Durability = "normal", busy_timeout: float = 5.0
+    ) -> SqliteStorage:
+        """Open (or create) the database at `path`, taking the owner lock `<path>.lock`.
+
+        `durability="normal"` survives process crashes (the newest commits may be lost on power failure);
+        `"full"` also syncs every commit to disk. `busy_timeout` (seconds) bounds the wait for a foreign
+        SQLite writer that holds the database.
+        """
+        if durability not in ("normal", "full"):
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        description, lock = _prepare(Path(path))
+        try:
+            db = await aiosqlite.connect(description, isolation_level=None, timeout=busy_timeout)
+            try:
+                meta = await _on_thread(db, lambda conn: _setup(conn, description, durability))
+            except BaseException:
+                await db.close()
+                raise
+        except sqlite3.Error as exc:
+            lock.release()
+            raise _translate(description, "open", exc) from exc
+        except OSError as exc:
+            lock.release()
+            raise StorageError(f"cannot open storage {description}: {exc}") from exc
+        except BaseException:
+            lock.release()
+            raise
+        return cls(description, db, lock, meta)
+
+    @property
+    def description(self) -> str:
+        return self._path
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StorageClosed(f"storage {self._path} is closed")
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], action: str) -> T:
+        self._check()
+        try:
+            return await _on_thread(self._db, fn)
+        except sqlite3.Error as exc:
+            raise _translate(self._path, action, exc) from exc
+
+    async def _rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
+        return await self._run(lambda conn: conn.execute(sql, params).fetchall(), action)
+
+    async def meta(self) -> StorageMeta:
+        self._check()
+        return StorageMeta(next_id=self._next_id, last_seq=self._last_seq)
+
+    async def commit(self, batches: Sequence[CommitBatch]) -> None:
+        self._check()
+        last = self._last_seq
+        for batch in batches:
+            if batch.seq <= last:
+                raise StorageRequestError(f"commit seq {batch.seq} is not after {last}")
+            last = batch.seq
+        if not batches:
+            return
+        plan = _plan(batches, self._next_id)
+        await self._run(lambda conn: _write(conn, plan), "commit")
+        self._next_id = plan.next_id
+        self._last_seq = plan.last_seq
+
+    # --- records ------------------------------------------------------------------------------------------
+
+    async def _one(self, model: type[M], table: str, record_id: int) -> M | None:
+        rows = await self._rows(f"SELECT record FROM {table} WHERE id = ?", (record_id,), f"read {table}")
+        return None if not rows else _parse(model, rows[0][0], self._path, f"{table} row {record_id}")
+
+    async def _scan(
+        self,
+        model: type[R],
+        table: str,
+        scan: str,
+        filters: list[tuple[str, Any]],
+        order: Order,
+        limit: int,
+        cursor: dict[str, Any] | None,
+    ) -> Page[R]:
+        order, after = check_cursor(cursor, order, scan)
+        clauses = [clause for clause, _ in filters]
+        params = [value for _, value in filters]
+        if after is not None:
+            clauses.append("id > ?" if order == "asc" else "id < ?")
+            params.append(after)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        direction = "ASC" if order == "asc" else "DESC"
+        limit = max(limit, 0)
+        params.append(limit + 1)  # one extra row says whether there is a next page
+        sql = f"SELECT record FROM {table}{where} ORDER BY id {direction} LIMIT ?"
+        rows = await self._rows(sql, params, f"scan {table}")
+        items = [_parse(model, row[0], self._path, f"{table} row") for row in rows[:limit]]
+        more = len(rows) > limit
+        return Page(items=items, cursor=make_cursor(scan, order, items[-1].id) if more and items else None)
+
+    async def conversation(self, conversation_id: int) -> Conversation | None:
+        return await self._one(Conversation, "conversations", conversation_id)
+
+    async def scan_conversations(
+        self,
+        *,
+        owner_task_id: int | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Conversation]:
+        filters = [] if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
+        return await self._scan(Conversation, "conversations", "conversations", filters, order, limit, cursor)
+
+    async def entry(self, entry_id: int) -> Entry | None:
+        return await self._one(Entry, "entries", entry_id)
+
+    async def scan_entries(
+        self,
+        conversation_id: int,
+        *,
+        min_id: int | None = None,
+        max_id: int | None = None,
+        order: Order = "desc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Entry]:
+        filters: list[tuple[str, Any]] = [("conversation_id = ?", conversation_id)]
+        if min_id is not None:
+            filters.append(("id >= ?", min_id))
+        if max_id is not None:
+            filters.append(("id <= ?", max_id))
+        scan = f"entries:{conversation_id}"
+        return await self._scan(Entry, "entries", scan, filters, order, limit, cursor)
+
+    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
+        # INDEXED BY: without statistics the planner may pick the full conversation index and walk every entry.
+        rows = await self._rows(
+            "SELECT record FROM entries INDEXED BY entries_heads "
+            "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1",
+            (conversation_id, _MAX_SEQ if at_or_before is None else at_or_before),
+            "read head marker",
+        )
+        return None if not rows else _parse(Entry, rows[0][0], self._path, "entries row")
+
+    async def task(self, task_id: int) -> Task | None:
+        return await self._one(Task, "tasks", task_id)
+
+    async def scan_tasks(
+        self,
+        *,
+        live: bool | None = None,
+        conversation_id: int | None = None,
+        kind: str | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Task]:
+        filters: list[tuple[str, Any]] = []
+        if live is not None:
+            filters.append(("live = ?", int(live)))
+        if conversation_id is not None:
+            filters.append(("conversation_id = ?", conversation_id))
+        if kind is not None:
+            filters.append(("kind = ?", kind))
+        return await self._scan(Task, "tasks", "tasks", filters, order, limit, cursor)
+
+    async def submission(self, submission_id: int) -> Submission | None:
+        return await self._one(Submission, "submissions", submission_id)
+
+    async def submission_by_request(self, conversation_id: int, request_id: str) -> Submission | None:
+        rows = await self._rows(
+            "SELECT record FROM submissions WHERE conversation_id = ? AND request_id = ?",
+            (conversation_id, request_id),
+            "read submission",
+        )
+        return None if not rows else _parse(Submission, rows[0][0], self._path, "submissions row")
+
+    async def scan_submissions(
+        self,
+        *,
+        conversation_id: int | None = None,
+        status: SubmissionStatus | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Submission]:
+        filters: list[tuple[str, Any]] = []
+        if conversation_id is not None:
+            filters.append(("conversation_id = ?", conversation_id))
+        if status is not None:
+            filters.append(("status = ?", status))
+        return await self._scan(Submission, "submissions", "submissions", filters, order, limit, cursor)
+
+    # --- documents ----------------------------------------------------------------------------------------
+
+    def _doc_record(self, text: str, retired_seq: int | None) -> DocumentRecord:
+        # The retired_seq column is authoritative: retiring updates one column instead of rewriting the JSON.
+        record = _parse(DocumentRecord, text, self._path, "document record")
+        record.retired_seq = retired_seq
+        return record
+
+    async def find_document(
+        self,
+        kind: str,
+        scope: DocScope,
+        scope_id: int | None,
+        key: str | None = None,
+        *,
+        at_seq: int | None = None,
+    ) -> DocumentRecord | None:
+        sql = "SELECT retired_seq, record FROM doc_records WHERE kind = ? AND scope = ? AND scope_id IS ? AND key IS ?"
+        params: list[Any] = [kind, scope, scope_id, key]
+        if at_seq is None:
+            sql += " AND retired_seq IS NULL"
+        else:
+            sql += " AND created_seq <= ? AND (retired_seq IS NULL OR retired_seq > ?)"
+            params += [at_seq, at_seq]
+        rows = await self._rows(sql + " ORDER BY id DESC LIMIT 1", params, "find document")
+        return None if not rows else self._doc_record(rows[0][1], rows[0][0])
+
+    async def document(self, doc_id: int, *, at_seq: int | None = None) -> DocumentValue | None:
+        def read(conn: sqlite3.Connection) -> tuple[Any, list[Any]]:
+            row = conn.execute(
+                "SELECT rewindable, created_seq, retired_seq, record, kind FROM doc_records WHERE id = ?",
+                (doc_id,),
+            ).fetchone()
+            if row is None:
+                return None, []
+            rewindable, created, retired, _, _ = row
+            if at_seq is None:
+                wanted = retired is None
+            else:
+                wanted = bool(rewindable) and created <= at_seq and (retired is None or at_seq < retired)
+            upto = _MAX_SEQ if at_seq is None else at_seq
+            return row, conn.execute(_CONTENT_TAIL, (doc_id, upto)).fetchall() if wanted else []
+
+        row, content_rows = await self._run(read, "read document")
+        if row is None:
+            return None
+        rewindable, _, retired, text, kind = row
+        if at_seq is not None and not rewindable:
+            raise StorageRequestError(f"document {doc_id} ({kind}) keeps no history; read it without at_seq")
+        record = self._doc_record(text, retired)
+        if (retired is not None) if at_seq is None else not record.alive_at(at_seq):
+            return None
+        contents = [
+            _parse(DocumentContent, r[0], self._path, f"content of document {doc_id}") for r in content_rows
+        ]
+        return materialize(record, contents, at_seq)
+
+    async def document_contents(self, doc_id: int) -> list[DocumentContent]:
+        rows = await self._rows(
+            "SELECT content FROM doc_contents WHERE doc_id = ? ORDER BY seq",
+            (doc_id,),
+            "read document contents",
+        )
+        return [_parse(DocumentContent, r[0], self._path, f"content of document {doc_id}") for r in rows]
+
+    async def scan_documents(
+        self,
+        *,
+        scope: DocScope,
+        scope_id: int | None = None,
+        kind: str | None = None,
+        alive_only: bool = True,
+    ) -> list[DocumentRecord]:
+        sql = "SELECT retired_seq, record FROM doc_records WHERE scope = ? AND scope_id IS ?"
+        params: list[Any] = [scope, scope_id]
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        if alive_only:
+            sql += " AND retired_seq IS NULL"
+        rows = await self._rows(sql + " ORDER BY id", params, "scan documents")
+        return [self._doc_record(text, retired) for retired, text in rows]
+
+    async def close(self) -> None:
+        """Checkpoint the WAL into the database file, close the connection, release the owner lock."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            try:
+                await _on_thread(
+                    self._db, lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                )
+            except sqlite3.Error:
+                pass  # the WAL is durable as it is and the next open replays it
+            await self._db.close()
+        finally:
+            self._lock.release()
