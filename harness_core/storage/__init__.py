@@ -5,15 +5,19 @@
 - `JsonlStorage`: append-only files with one commit marker per commit.
 """
 
+from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
+from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
     "CommitBatch",
     "DocChange",
     "DocCreate",
+    "JsonlStorage",
     "MemoryStorage",
     "Order",
+    "SqliteStorage",
     "Storage",
     "StorageMeta",
 ]
