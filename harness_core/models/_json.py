@@ -1,0 +1,91 @@
+"""Tool-call argument JSON: best-effort parsing of a streaming prefix, and the final parse.
+
+Convention shared by the providers for a finished tool call: when the model's argument text parses to a JSON
+object, `ToolCall.arguments` holds it and `partial_json` is None. When it does not (invalid JSON, or JSON that is
+not an object), `arguments` is `{}` and `partial_json` keeps the raw text on the final message. A complete call
+that still has `partial_json` therefore means "the model sent invalid arguments", and the tool layer can report
+that to the model with the raw text instead of running the tool.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness_core.messages import ToolCall
+
+_CLOSERS = {"{": "}", "[": "]"}
+
+
+def _loads_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_partial_json(text: str) -> dict[str, Any]:
+    """The object a JSON prefix is heading for, as far as it can be known; `{}` when nothing is usable.
+
+    Strings cut mid-way are closed, open containers are closed, and a trailing incomplete member (a key
+    without value, a cut literal or number) is dropped by backing off to the last comma or opening bracket.
+    """
+    text = text.strip()
+    if not text:
+        return {}
+    complete = _loads_object(text)
+    if complete is not None:
+        return complete
+    stack: list[str] = []
+    cuts: list[tuple[int, str]] = []  # (prefix end, closers for that prefix)
+    in_string = False
+    escaped = False
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+            continue
+        if char == '"':
+            in_string = True
+        elif char in _CLOSERS:
+            stack.append(_CLOSERS[char])
+            cuts.append((index + 1, "".join(reversed(stack))))
+        elif char in "}]":
+            if stack:
+                stack.pop()
+            cuts.append((index + 1, "".join(reversed(stack))))
+        elif char == ",":
+            cuts.append((index, "".join(reversed(stack))))
+    tail = text
+    if in_string:
+        if escaped:
+            tail = tail[:-1]
+        tail += '"'
+    candidate = _loads_object(tail + "".join(reversed(stack)))
+    if candidate is not None:
+        return candidate
+    for end, closers in reversed(cuts):
+        candidate = _loads_object(text[:end] + closers)
+        if candidate is not None:
+            return candidate
+    return {}
+
+
+def finish_tool_call(call: ToolCall, raw: str) -> None:
+    """Set the final arguments of a completed call from its full argument text (see the module docstring)."""
+    if not raw.strip():
+        call.arguments = {}
+        call.partial_json = None
+        return
+    parsed = _loads_object(raw)
+    if parsed is None:
+        call.arguments = {}
+        call.partial_json = raw
+    else:
+        call.arguments = parsed
+        call.partial_json = None
