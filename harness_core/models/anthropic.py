@@ -64,7 +64,7 @@ from harness_core.models import ModelInfo, ModelRequest, ThinkingLevel
 
 from ._base import EventParser, HTTPProvider, StreamFailure
 from ._errors import Classifier, ProviderError
-from ._json import finish_tool_call, parse_partial_json
+from ._json import ArgumentText, finish_tool_call
 from ._sse import SSEEvent
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -293,7 +293,7 @@ class _MessagesParser(EventParser):
     def __init__(self, message: AssistantMessage, classifier: Classifier) -> None:
         super().__init__(message, classifier)
         self._blocks: dict[int, TextContent | ThinkingContent | ToolCall] = {}
-        self._raw_args: dict[int, str] = {}
+        self._args: dict[int, ArgumentText] = {}
         self._stop_reason: str | None = None
 
     def feed(self, event: SSEEvent) -> bool:
@@ -309,7 +309,7 @@ class _MessagesParser(EventParser):
             index = int(data["index"])
             block = self._blocks.get(index)
             if isinstance(block, ToolCall):
-                finish_tool_call(block, self._raw_args.get(index, ""))
+                finish_tool_call(block, self._raw(index))
                 return True
             return False
         if kind == "message_start":
@@ -360,7 +360,9 @@ class _MessagesParser(EventParser):
                 partial_json="",
             )
             # A non-empty `input` here is the whole input (no deltas follow), as sent by some proxies.
-            self._raw_args[index] = json.dumps(initial) if isinstance(initial, dict) and initial else ""
+            self._args[index] = ArgumentText(
+                json.dumps(initial) if isinstance(initial, dict) and initial else ""
+            )
         else:
             return False  # server tool blocks and future block types are not part of the message model
         self._blocks[index] = part
@@ -377,13 +379,16 @@ class _MessagesParser(EventParser):
         elif kind == "signature_delta" and isinstance(block, ThinkingContent):
             block.signature = (block.signature or "") + str(delta.get("signature") or "")
         elif kind == "input_json_delta" and isinstance(block, ToolCall):
-            raw = self._raw_args.get(index, "") + str(delta.get("partial_json") or "")
-            self._raw_args[index] = raw
-            block.partial_json = raw
-            block.arguments = parse_partial_json(raw)
+            text = self._args.setdefault(index, ArgumentText())
+            text.append(str(delta.get("partial_json") or ""))
+            text.apply(block)
         else:
             return False
         return True
+
+    def _raw(self, index: int) -> str:
+        text = self._args.get(index)
+        return text.raw if text is not None else ""
 
     def _usage(self, usage: dict[str, Any]) -> None:
         target = self.message.usage
@@ -399,7 +404,7 @@ class _MessagesParser(EventParser):
     def finish(self) -> ErrorInfo | None:
         for index, block in self._blocks.items():
             if isinstance(block, ToolCall) and block.partial_json is not None:
-                finish_tool_call(block, self._raw_args.get(index, ""))
+                finish_tool_call(block, self._raw(index))
         if not self.done and self._stop_reason is None:
             return self.classifier.stream_cut()
         reason = self._stop_reason or "end_turn"

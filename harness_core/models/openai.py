@@ -59,7 +59,7 @@ from harness_core.models import ModelInfo, ModelRequest
 
 from ._base import EventParser, HTTPProvider, StreamFailure
 from ._errors import Classifier, parse_error_payload
-from ._json import finish_tool_call, parse_partial_json
+from ._json import ArgumentText, finish_tool_call
 from ._sse import SSEEvent
 
 SessionField = Literal["prompt_cache_key", "user"]
@@ -311,7 +311,7 @@ class _ChatParser(EventParser):
     def __init__(self, message: AssistantMessage, classifier: Classifier) -> None:
         super().__init__(message, classifier)
         self._calls: dict[Any, ToolCall] = {}
-        self._raw_args: dict[int, str] = {}  # id(ToolCall) -> argument text
+        self._args: dict[int, ArgumentText] = {}  # id(ToolCall) -> its argument text
         self._finish_reason: str | None = None
 
     # -- content helpers ---------------------------------------------------------------------------------
@@ -348,7 +348,7 @@ class _ChatParser(EventParser):
                 partial_json="",
             )
             self._calls[key] = call
-            self._raw_args[id(call)] = ""
+            self._args[id(call)] = ArgumentText()
             self.message.content.append(call)
         else:
             if call_id and not call.id:
@@ -359,10 +359,9 @@ class _ChatParser(EventParser):
         if arguments is not None:
             if not isinstance(arguments, str):  # some servers send the object itself
                 arguments = json.dumps(arguments)
-            raw = self._raw_args[id(call)] + arguments
-            self._raw_args[id(call)] = raw
-            call.partial_json = raw
-            call.arguments = parse_partial_json(raw)
+            text = self._args[id(call)]
+            text.append(arguments)
+            text.apply(call)
 
     # -- events ------------------------------------------------------------------------------------------
 
@@ -416,7 +415,8 @@ class _ChatParser(EventParser):
 
     def finish(self) -> ErrorInfo | None:
         for call in self.message.tool_calls():
-            finish_tool_call(call, self._raw_args.get(id(call), ""))
+            text = self._args.get(id(call))
+            finish_tool_call(call, text.raw if text is not None else "")
         if not self.done and self._finish_reason is None:
             return self.classifier.stream_cut()
         reason = self._finish_reason or "stop"

@@ -784,3 +784,22 @@ async def test_streams_through_models_registry(mock: respx.MockRouter) -> None:
     assert final.text() == "via registry"
     assert final.provider == "local"
     assert json.loads(mock.calls.last.request.content)["model"] == "any-model"
+
+
+async def test_large_tool_arguments_in_many_fragments(
+    provider: OpenAIProvider, mock: respx.MockRouter
+) -> None:
+    content = "".join(f"line {i}: some file content\\n" for i in range(3000))
+    raw = json.dumps({"path": "/big.txt", "content": content})
+    head = {"index": 0, "id": "call_w", "type": "function", "function": {"name": "write", "arguments": ""}}
+    fragments = [chunk({"tool_calls": [head]})]
+    fragments += [
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": raw[i : i + 13]}}]})
+        for i in range(0, len(raw), 13)
+    ]
+    body = sse_data(*fragments, chunk({}, "tool_calls"), done=True)
+    mock.post(URL).mock(return_value=sse_response(ChunkStream(split_every(body, 4096))))
+    final = assert_stream_contract(await collect(provider.stream(provider.model("gpt-4o"), ask())))
+    (call,) = final.tool_calls()
+    assert call.arguments == {"path": "/big.txt", "content": content}
+    assert call.partial_json is None

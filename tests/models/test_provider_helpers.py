@@ -198,3 +198,30 @@ def test_transport_error_classification() -> None:
     assert classifier.transport_error(httpx.WriteError("broken pipe"), mid_stream=False).retryable
     assert classifier.transport_error(httpx.RemoteProtocolError("closed"), mid_stream=True).retryable
     assert not classifier.transport_error(httpx.UnsupportedProtocol("ftp://"), mid_stream=False).retryable
+
+
+def test_streaming_arguments_parse_count_stays_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness_core.models import _json
+
+    calls = 0
+    real = _json.parse_partial_json
+
+    def counting(text: str) -> dict[str, object]:
+        nonlocal calls
+        calls += 1
+        return real(text)
+
+    monkeypatch.setattr(_json, "parse_partial_json", counting)
+    call = ToolCall(id="c", name="write")
+    text = _json.ArgumentText()
+    fragments = ['{"path": "/f", "content": "'] + ["twenty chars of text"] * 5000 + ['"}']
+    for fragment in fragments:
+        text.append(fragment)
+        text.apply(call)
+    assert calls < 120  # every fragment while small, then only after 25 % growth
+    assert call.partial_json == "".join(fragments)
+    assert call.arguments["path"] == "/f"
+    assert len(call.arguments["content"]) >= 0.75 * 5000 * 20  # the partial view lags by at most a quarter
+    finish_tool_call(call, text.raw)
+    assert call.arguments == {"path": "/f", "content": "twenty chars of text" * 5000}
+    assert call.partial_json is None
