@@ -164,6 +164,12 @@ class HTTPProvider(ABC):
                 if response.status_code >= 400:
                     raw = (await response.aread()).decode("utf-8", "replace")
                     error = classifier.http_error(response.status_code, response.headers, raw)
+                elif response.status_code >= 300:  # redirects are not followed: a POST must not be replayed
+                    location = response.headers.get("location", "(no location)")
+                    error = classifier.plain(
+                        f"HTTP {response.status_code}: redirected to {location}; check the base URL",
+                        status=response.status_code,
+                    )
                 elif _is_json(response.headers.get("content-type", "")):
                     raw = (await response.aread()).decode("utf-8", "replace")
                     error = self._json_instead_of_stream(raw)

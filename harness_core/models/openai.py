@@ -9,16 +9,18 @@ Request mapping:
 - user text → a string; user images → `image_url` parts with `data:` URLs.
 - assistant text → `content`; tool calls → `tool_calls` (`arguments` re-serialized; a call whose arguments
   were invalid is sent back with its raw text); thinking is not sent (Chat Completions takes none back).
-- tool results → `role: "tool"` messages (text only). Images from a run of consecutive tool results follow in
-  one `user` message, after the last `tool` message, since `tool` messages cannot carry images.
+- tool results → `role: "tool"` messages (text only; an empty result is sent as "(no output)"; `is_error` has
+  no field here, the tool layer's error text goes as is). Images from a run of consecutive tool results follow
+  in one `user` message, after the last `tool` message, since `tool` messages cannot carry images.
 - tools → `{"type": "function", "function": {name, description, parameters}}`.
 - `session_id` → `prompt_cache_key` by default: OpenAI routes requests with the same key to the same prompt
   cache, which is what a conversation's growing prefix wants, and it is the documented successor of the
   deprecated `user` field. Compatible servers ignore unknown fields. `session_id_field="user"` sends `user`
   instead, `None` sends nothing.
-- `reasoning` (not "off") → `reasoning_effort` for models registered with `reasoning=True`; those models also
-  get `max_completion_tokens` instead of `max_tokens`. `max_tokens` is only sent when the request sets it,
-  so a compatible server with a small context never sees an impossible default.
+- `reasoning` (not "off") → `reasoning_effort` for models registered with `reasoning=True` ("minimal" becomes
+  "low" outside the gpt-5 family, which alone accepts it; "off" sends nothing, leaving the server default).
+  Those models also get `max_completion_tokens` instead of `max_tokens`. Either is only sent when the request
+  sets `max_tokens`, so a compatible server with a small context never sees an impossible default.
 - `options`: `temperature`, `top_p`, `stop`, `seed`, `frequency_penalty`, `presence_penalty`,
   `parallel_tool_calls`, `tool_choice` are passed through; `extra_body` (a dict) is merged into the body last.
 
@@ -285,7 +287,10 @@ class OpenAIProvider(HTTPProvider):
         if request.max_tokens is not None:
             body["max_completion_tokens" if model.reasoning else "max_tokens"] = request.max_tokens
         if model.reasoning and request.reasoning != "off":
-            body["reasoning_effort"] = request.reasoning
+            effort = request.reasoning
+            if effort == "minimal" and not model.id.startswith("gpt-5"):
+                effort = "low"  # only the gpt-5 family accepts "minimal"
+            body["reasoning_effort"] = effort
         if request.session_id and self.session_id_field is not None:
             body[self.session_id_field] = request.session_id
         for key in _PASSTHROUGH_OPTIONS:

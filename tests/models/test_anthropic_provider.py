@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -115,7 +115,7 @@ async def provider() -> AsyncIterator[AnthropicProvider]:
 
 
 @pytest.fixture
-def mock() -> AsyncIterator[respx.MockRouter]:
+def mock() -> Iterator[respx.MockRouter]:
     with respx.mock(assert_all_called=False) as router:
         yield router
 

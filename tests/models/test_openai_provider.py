@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -82,7 +82,7 @@ async def provider() -> AsyncIterator[OpenAIProvider]:
 
 
 @pytest.fixture
-def mock() -> AsyncIterator[respx.MockRouter]:
+def mock() -> Iterator[respx.MockRouter]:
     with respx.mock(assert_all_called=False) as router:
         yield router
 
@@ -803,3 +803,21 @@ async def test_large_tool_arguments_in_many_fragments(
     (call,) = final.tool_calls()
     assert call.arguments == {"path": "/big.txt", "content": content}
     assert call.partial_json is None
+
+
+async def test_redirect_is_reported_not_followed(provider: OpenAIProvider, mock: respx.MockRouter) -> None:
+    mock.post(URL).mock(return_value=httpx.Response(308, headers={"location": "https://elsewhere.test/v1"}))
+    final = assert_stream_contract(await run(provider, ask()))
+    assert final.error is not None
+    assert not final.error.retryable
+    assert final.error.status == 308
+    assert "https://elsewhere.test/v1" in final.error.message
+
+
+@pytest.mark.parametrize(("model_id", "effort"), [("gpt-5-mini", "minimal"), ("o3", "low")])
+async def test_minimal_reasoning_effort(
+    provider: OpenAIProvider, mock: respx.MockRouter, model_id: str, effort: str
+) -> None:
+    route = mock.post(URL).mock(return_value=sse_response(text_body("ok")))
+    await run(provider, ask(reasoning="minimal"), model_id)
+    assert request_json(route)["reasoning_effort"] == effort
