@@ -74,10 +74,12 @@ _RECLAIM_RETIRED = (
 _UPDATE_META = "UPDATE meta SET next_id = max(next_id, ?), last_seq = ? WHERE id = 1"
 
 # The newest base at or before ?2 and the deltas after it (a lone delta tail is returned whole, so
-# materialize() reports the missing base as corruption).
+# materialize() reports the missing base as corruption). INDEXED BY: finding that base is one seek in the
+# partial index of bases, not a walk back through a long rewindable history.
 _CONTENT_TAIL = (
     "SELECT content FROM doc_contents WHERE doc_id = ?1 AND seq <= ?2 AND seq >= coalesce("
-    "(SELECT max(seq) FROM doc_contents WHERE doc_id = ?1 AND is_base = 1 AND seq <= ?2), 0) ORDER BY seq"
+    "(SELECT seq FROM doc_contents INDEXED BY doc_contents_bases WHERE doc_id = ?1 AND is_base = 1 AND seq <= ?2 "
+    "ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq"
 )
 
 
