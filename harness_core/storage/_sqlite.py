@@ -6,6 +6,7 @@ an index range. One commit is one SQL transaction written in one hop to aiosqlit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
@@ -302,9 +303,20 @@ class SqliteStorage:
         if not batches:
             return
         plan = _plan(batches, self._next_id)
-        await self._run(lambda conn: _write(conn, plan), "commit")
+        try:
+            await self._run(lambda conn: _write(conn, plan), "commit")
+        except BaseException:
+            # Outcome uncertain (a cancelled caller does not stop the worker thread): resync from the database,
+            # queued behind the write, so the cached meta never lags what is stored.
+            with contextlib.suppress(Exception):
+                await self._reload_meta()
+            raise
         self._next_id = plan.next_id
         self._last_seq = plan.last_seq
+
+    async def _reload_meta(self) -> None:
+        rows = await self._rows("SELECT next_id, last_seq FROM meta WHERE id = 1", (), "read meta")
+        self._next_id, self._last_seq = int(rows[0][0]), int(rows[0][1])
 
     # --- records ------------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from harness_core.errors import StorageClosed, StorageCorrupt, StorageRequestError
 from harness_core.messages import AssistantMessage, TextContent, ToolCall, Usage, UserMessage
@@ -775,7 +776,8 @@ def register_storage_conformance(
     class_name = _class_name(name)
     variants = ["direct", "reopen-every-commit"] if reopen is not None else ["direct"]
 
-    @pytest.fixture(params=variants)
+    # pytest_asyncio's own decorator and mark, so the suite also runs under asyncio_mode = "strict".
+    @pytest_asyncio.fixture(params=variants)
     async def store(
         self: Any, request: pytest.FixtureRequest, tmp_path: Path
     ) -> AsyncIterator[StoreUnderTest]:
@@ -787,6 +789,7 @@ def register_storage_conformance(
 
     attributes: dict[str, Any] = {
         "store": store,
+        "pytestmark": [pytest.mark.asyncio],
         "__module__": namespace.get("__name__", __name__),
         "__qualname__": class_name,
         "__doc__": f"The storage conformance suite for {name}.",
