@@ -61,10 +61,10 @@ _INSERT_DOC = (
     "INSERT INTO doc_records (id, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, record) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, is_base, content) VALUES (?, ?, ?, ?)"
+_INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES (?, ?, ?, ?, ?)"
 # A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
 _RECLAIM_BEFORE_BASE = (
-    "DELETE FROM doc_contents WHERE doc_id = ?1 AND seq < ?2 "
+    "DELETE FROM doc_contents WHERE doc_id = ?1 AND (seq, part) < (?2, ?3) "
     "AND (SELECT rewindable FROM doc_records WHERE id = ?1) = 0"
 )
 _RETIRE = "UPDATE doc_records SET retired_seq = ? WHERE id = ?"
@@ -74,14 +74,20 @@ _RECLAIM_RETIRED = (
 )
 _UPDATE_META = "UPDATE meta SET next_id = max(next_id, ?), last_seq = ? WHERE id = 1"
 
-# The newest base at or before ?2 and the deltas after it (a lone delta tail is returned whole, so
-# materialize() reports the missing base as corruption). INDEXED BY: finding that base is one seek in the
-# partial index of bases, not a walk back through a long rewindable history.
-_CONTENT_TAIL = (
-    "SELECT content FROM doc_contents WHERE doc_id = ?1 AND seq <= ?2 AND seq >= coalesce("
-    "(SELECT seq FROM doc_contents INDEXED BY doc_contents_bases WHERE doc_id = ?1 AND is_base = 1 AND seq <= ?2 "
-    "ORDER BY seq DESC LIMIT 1), 0) ORDER BY seq"
+# The newest base at or before a seq, then it and the revisions after it. INDEXED BY: finding that base is one
+# seek in the partial index of bases, not a walk back through a long rewindable history.
+_NEWEST_BASE = (
+    "SELECT seq, part FROM doc_contents INDEXED BY doc_contents_bases "
+    "WHERE doc_id = ? AND is_base = 1 AND seq <= ? ORDER BY seq DESC, part DESC LIMIT 1"
 )
+_CONTENTS_FROM = "SELECT content FROM doc_contents WHERE doc_id = ? AND (seq, part) >= (?, ?) AND seq <= ? ORDER BY seq, part"
+
+
+def _content_tail(conn: sqlite3.Connection, doc_id: int, upto: int) -> list[Any]:
+    # With no base the whole range comes back, so materialize() reports the missing base as corruption.
+    found = conn.execute(_NEWEST_BASE, (doc_id, upto)).fetchone()
+    seq, part = found if found is not None else (0, 0)
+    return conn.execute(_CONTENTS_FROM, (doc_id, seq, part, upto)).fetchall()
 
 
 @dataclass
@@ -114,6 +120,12 @@ class _Plan:
 
 def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
     plan = _Plan(next_id=next_id)
+    parts: dict[tuple[int, int], int] = {}  # revisions so far per (document, seq)
+
+    def part(doc_id: int, seq: int) -> int:
+        n = parts[doc_id, seq] = parts.get((doc_id, seq), -1) + 1
+        return n
+
     for batch in batches:
         for conv in batch.conversations:
             plan.conversations.append((conv.id, conv.owner_task_id, conv.model_dump_json()))
@@ -140,12 +152,13 @@ def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
                 )
             )
             content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
-            plan.contents.append((r.id, batch.seq, 1, content.model_dump_json()))
+            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), 1, content.model_dump_json()))
         for change in batch.doc_changes:
             rev = change.content
-            plan.contents.append((change.id, rev.seq, int(rev.is_base), rev.model_dump_json()))
+            n = part(change.id, rev.seq)
+            plan.contents.append((change.id, rev.seq, n, int(rev.is_base), rev.model_dump_json()))
             if rev.is_base:
-                plan.bases.append((change.id, rev.seq))
+                plan.bases.append((change.id, rev.seq, n))
         for doc_id in batch.doc_retires:
             plan.retires.append((batch.seq, doc_id))
             plan.retired.append((doc_id,))
@@ -485,7 +498,7 @@ class SqliteStorage:
             else:
                 wanted = bool(rewindable) and created <= at_seq and (retired is None or at_seq < retired)
             upto = _MAX_SEQ if at_seq is None else at_seq
-            return row, conn.execute(_CONTENT_TAIL, (doc_id, upto)).fetchall() if wanted else []
+            return row, _content_tail(conn, doc_id, upto) if wanted else []
 
         row, content_rows = await self._run(read, "read document")
         if row is None:
@@ -503,7 +516,7 @@ class SqliteStorage:
 
     async def document_contents(self, doc_id: int) -> list[DocumentContent]:
         rows = await self._rows(
-            "SELECT content FROM doc_contents WHERE doc_id = ? ORDER BY seq",
+            "SELECT content FROM doc_contents WHERE doc_id = ? ORDER BY seq, part",
             (doc_id,),
             "read document contents",
         )

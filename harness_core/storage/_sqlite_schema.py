@@ -59,12 +59,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 retired_seq INTEGER,
                 record TEXT NOT NULL
             )""",
+            # `part` orders several revisions of one document written by the same commit (a fork's copy and
+            # a change to it, say), so (doc_id, seq, part) is the revision order.
             """CREATE TABLE doc_contents (
                 doc_id INTEGER NOT NULL REFERENCES doc_records (id),
                 seq INTEGER NOT NULL,
+                part INTEGER NOT NULL,
                 is_base INTEGER NOT NULL,
                 content TEXT NOT NULL,
-                PRIMARY KEY (doc_id, seq)
+                PRIMARY KEY (doc_id, seq, part)
             ) WITHOUT ROWID""",
         ),
     ),
@@ -83,7 +86,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX doc_records_by_address ON doc_records (kind, scope, scope_id, key, id)",
             "CREATE INDEX doc_records_by_scope ON doc_records (scope, scope_id, id)",
             # Finding the newest base at or before a seq skips the delta tail of long rewindable histories.
-            "CREATE INDEX doc_contents_bases ON doc_contents (doc_id, seq) WHERE is_base = 1",
+            "CREATE INDEX doc_contents_bases ON doc_contents (doc_id, seq, part) WHERE is_base = 1",
         ),
     ),
 )

@@ -584,6 +584,40 @@ class _StorageConformance:
         assert value is not None
         assert (value.version, value.value, value.deltas_since_base) == (2, {"new": 2}, 1)
 
+    async def test_several_revisions_of_a_document_in_one_commit(self, store: StoreUnderTest) -> None:
+        # A fork copies a document and changes it in the same commit: a create and a change share one seq.
+        rewindable = doc(10, 2, scope="conversation", scope_id=1, history="rewindable")
+        latest = doc(11, 2, kind="test.latest", scope="conversation", scope_id=1)
+        await store.commit(batch(1, conversations=[conv(1)]))
+        await store.commit(
+            batch(
+                2,
+                doc_creates=[create(rewindable, {"n": 0}), create(latest, {"n": 0})],
+                doc_changes=[delta(10, 2, add("/n", 1)), base(11, 2, {"n": 1})],
+            )
+        )
+        s = store.s
+
+        async def read(doc_id: int, at_seq: int | None = None) -> tuple[Any, int] | None:
+            found = await s.document(doc_id, at_seq=at_seq)
+            return None if found is None else (found.value, found.deltas_since_base)
+
+        assert await read(10) == ({"n": 1}, 1)
+        assert await read(10, 2) == ({"n": 1}, 1)
+        assert [(c.seq, c.is_base) for c in await s.document_contents(10)] == [(2, True), (2, False)]
+        assert await read(11) == ({"n": 1}, 0)
+        assert await s.document_contents(11) == [base(11, 2, {"n": 1}).content]
+        # One commit group may also change a document in consecutive batches.
+        await store.commit(
+            batch(3, doc_changes=[delta(10, 3, add("/m", 3))]),
+            batch(4, doc_changes=[base(10, 4, {"b": 4})]),
+            batch(5, doc_changes=[delta(10, 5, add("/c", 5))]),
+        )
+        s = store.s
+        assert await read(10) == ({"b": 4, "c": 5}, 1)
+        assert await read(10, 3) == ({"n": 1, "m": 3}, 2)
+        assert [c.seq for c in await s.document_contents(10)] == [2, 2, 3, 4, 5]
+
     async def test_rewindable_history_reads(self, store: StoreUnderTest) -> None:
         record = doc(10, 2, kind="test.agent", scope="conversation", scope_id=1, history="rewindable")
         await store.commit(batch(1, conversations=[conv(1)]))
