@@ -1,0 +1,1 @@
+"""Slack adapter. ``adapters.slack.testing`` holds a loopback fake Slack for tests."""
