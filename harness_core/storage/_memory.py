@@ -131,7 +131,11 @@ class MemoryStorage:
     ) -> Page[Conversation]:
         self._check()
         items = sorted(
-            (c for c in self._conversations.values() if owner_task_id is None or c.owner_task_id == owner_task_id),
+            (
+                c
+                for c in self._conversations.values()
+                if owner_task_id is None or c.owner_task_id == owner_task_id
+            ),
             key=lambda c: c.id,
         )
         return _page(items, order, limit, cursor, "conversations")
@@ -239,7 +243,12 @@ class MemoryStorage:
         self._check()
         best: DocumentRecord | None = None
         for record in self._doc_records.values():
-            if record.kind != kind or record.scope != scope or record.scope_id != scope_id or record.key != key:
+            if (
+                record.kind != kind
+                or record.scope != scope
+                or record.scope_id != scope_id
+                or record.key != key
+            ):
                 continue
             alive = record.retired_seq is None if at_seq is None else record.alive_at(at_seq)
             if alive and (best is None or record.id > best.id):
@@ -256,7 +265,9 @@ class MemoryStorage:
                 return None
             return materialize(record.model_copy(deep=True), self._doc_contents[doc_id])
         if not self._rewindable(record):
-            raise StorageRequestError(f"document {doc_id} ({record.kind}) keeps no history; read it without at_seq")
+            raise StorageRequestError(
+                f"document {doc_id} ({record.kind}) keeps no history; read it without at_seq"
+            )
         if not record.alive_at(at_seq):
             return None
         return materialize(record.model_copy(deep=True), self._doc_contents[doc_id], at_seq)
