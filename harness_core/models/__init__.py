@@ -15,7 +15,7 @@ follows (the generation task relies on it):
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,7 +94,7 @@ class Provider(Protocol):
         """The model's limits and price, or None when the provider does not know it."""
         ...
 
-    def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncIterator[AssistantMessage]: ...
+    def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]: ...
 
     async def aclose(self) -> None: ...
 
@@ -120,7 +120,7 @@ class Models:
         provider = self._providers.get(ref.provider)
         return None if provider is None else provider.model(ref.model_id)
 
-    def stream(self, ref: ModelRef, request: ModelRequest) -> AsyncIterator[AssistantMessage]:
+    def stream(self, ref: ModelRef, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
         provider = self._providers.get(ref.provider)
         info = None if provider is None else provider.model(ref.model_id)
         if provider is None or info is None:

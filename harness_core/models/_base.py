@@ -8,7 +8,7 @@ import json
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -151,7 +151,7 @@ class HTTPProvider(ABC):
     @abstractmethod
     def _parser(self, message: AssistantMessage, model: ModelInfo) -> EventParser: ...
 
-    async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncIterator[AssistantMessage]:
+    async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
         url, headers, body = self._prepare(model, request)
         headers = {**headers, **self._extra_headers}
         message = AssistantMessage(provider=self.name, model=model.id)

@@ -1,0 +1,112 @@
+"""In-memory state around the storage.
+
+- `Layer`: writes not yet published. A commit callback writes into its own layer; a successful callback's
+  layer merges into the group overlay; after the group is stored the overlay merges into `Published`.
+- `Published`: caches of durable state only (every live task, plus bounded LRU caches of conversations and
+  current document values). Reads outside commits see storage plus `Published`, so nothing that is not yet
+  stored is ever observable.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from harness_core.documents import DocAddress
+from harness_core.records import Conversation, DocumentRecord, Entry, Submission, Task
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LRU(Generic[K, V]):
+    """A small bounded mapping; least recently used keys fall out first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        if key in self._data:
+            self._data.move_to_end(key)
+            return True, self._data[key]
+        return False, None
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self._capacity:
+            self._data.popitem(last=False)
+
+    def discard(self, key: K) -> None:
+        self._data.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass
+class DocState:
+    """A document incarnation's current value as stored (`version` is the stored version)."""
+
+    record: DocumentRecord
+    version: int
+    value: Any
+    deltas_since_base: int = 0
+
+
+@dataclass
+class Layer:
+    conversations: dict[int, Conversation] = field(default_factory=dict)
+    entries: dict[int, Entry] = field(default_factory=dict)
+    entries_by_conv: dict[int, list[Entry]] = field(default_factory=dict)
+    tasks: dict[int, Task] = field(default_factory=dict)
+    submissions: dict[int, Submission] = field(default_factory=dict)
+    by_request: dict[tuple[int, str], int] = field(default_factory=dict)
+    docs: dict[DocAddress, DocState | None] = field(default_factory=dict)  # None: retired at this address
+    owned_conversations: dict[int, list[int]] = field(default_factory=dict)
+
+    def add_conversation(self, conversation: Conversation) -> None:
+        self.conversations[conversation.id] = conversation
+        if conversation.owner_task_id is not None:
+            self.owned_conversations.setdefault(conversation.owner_task_id, []).append(conversation.id)
+
+    def add_entry(self, entry: Entry) -> None:
+        self.entries[entry.id] = entry
+        self.entries_by_conv.setdefault(entry.conversation_id, []).append(entry)
+
+    def put_submission(self, submission: Submission) -> None:
+        self.submissions[submission.id] = submission
+        if submission.request_id is not None:
+            self.by_request[(submission.conversation_id, submission.request_id)] = submission.id
+
+    def merge(self, other: Layer) -> None:
+        for conversation in other.conversations.values():
+            self.add_conversation(conversation)
+        for entry in other.entries.values():
+            self.add_entry(entry)
+        self.tasks.update(other.tasks)
+        for submission in other.submissions.values():
+            self.put_submission(submission)
+        self.docs.update(other.docs)
+
+
+class Published:
+    """Durable state kept in memory. Updated only after storage acknowledged the writes."""
+
+    def __init__(self, *, conversation_capacity: int = 4096, doc_capacity: int = 4096) -> None:
+        self.live_tasks: dict[int, Task] = {}
+        self.conversations: LRU[int, Conversation] = LRU(conversation_capacity)
+        self.docs: LRU[DocAddress, DocState | None] = LRU(doc_capacity)
+
+    def adopt(self, layer: Layer) -> None:
+        for conversation in layer.conversations.values():
+            self.conversations.put(conversation.id, conversation)
+        for task in layer.tasks.values():
+            if task.live:
+                self.live_tasks[task.id] = task
+            else:
+                self.live_tasks.pop(task.id, None)
+        for address, state in layer.docs.items():
+            self.docs.put(address, state)

@@ -1,0 +1,253 @@
+"""Task-state rules applied inside every commit, after its callback (so they land atomically with it).
+
+- A task that finishes while work it owns is still live holds `completing`; when that work drains it becomes
+  terminal. A held outcome other than `completed` cancels the work below it.
+- An abort mark cascades to the live work below the task (not across background tasks) and withdraws queued
+  inputs of conversations it owns.
+- A terminal task retires its task-scoped documents, lets its waiting owner (or any waiter) resume, and under
+  `fail_fast` marks the waiter's other tasks for abort.
+- While the scheduler runs, a new pending task or a resumable waiting task is reserved (`running`) in the same
+  commit, saving a commit per step; the scheduler starts its invocation once the commit is stored.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness_core.records import Conversation, Outcome, Task, TaskState
+
+if TYPE_CHECKING:
+    from harness_core._tx import Tx
+    from harness_core.harness import Harness
+
+
+@dataclass
+class LiveIndex:
+    tasks: dict[int, Task]
+    by_owner: dict[int, list[int]] = field(default_factory=dict)
+    by_conversation: dict[int, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, tasks: dict[int, Task]) -> LiveIndex:
+        index = cls(tasks=tasks)
+        for task in tasks.values():
+            index.add(task)
+        return index
+
+    def add(self, task: Task) -> None:
+        if task.owner_task_id is not None:
+            self.by_owner.setdefault(task.owner_task_id, []).append(task.id)
+        self.by_conversation.setdefault(task.conversation_id, []).append(task.id)
+
+    def update(self, task: Task) -> None:
+        known = self.tasks.get(task.id)
+        if task.live:
+            self.tasks[task.id] = task
+            if known is None:
+                self.add(task)
+        elif known is not None:
+            del self.tasks[task.id]
+
+    def live(self, task_id: int) -> Task | None:
+        return self.tasks.get(task_id)
+
+    def root_is_background(self, task: Task) -> bool:
+        current: Task | None = task
+        while current is not None and current.owner_task_id is not None:
+            current = self.tasks.get(current.owner_task_id)
+        return current is not None and current.background
+
+    def ordinary_in_conversation(self, conversation_id: int) -> list[Task]:
+        out = []
+        for task_id in self.by_conversation.get(conversation_id, []):
+            task = self.tasks.get(task_id)
+            if task is not None and not self.root_is_background(task):
+                out.append(task)
+        return out
+
+
+async def owned_conversations(tx: Tx, task_id: int) -> list[Conversation]:
+    return await tx.conversations_owned_by(task_id)
+
+
+async def ordinary_owned_work(tx: Tx, index: LiveIndex, task: Task) -> list[Task]:
+    """Live non-background tasks below `task`: its children and the tasks of conversations it owns."""
+    found: list[Task] = []
+    for child_id in index.by_owner.get(task.id, []):
+        child = index.live(child_id)
+        if child is not None and not child.background:
+            found.append(child)
+    for conversation in await owned_conversations(tx, task.id):
+        found.extend(index.ordinary_in_conversation(conversation.id))
+    return found
+
+
+def _resumable(task: Task, index: LiveIndex, now: int) -> bool:
+    state = task.state
+    if state.status != "waiting":
+        return False
+    if state.woken:
+        return True
+    if state.deadline is not None and now >= state.deadline:
+        return True
+    if not state.on:
+        return state.deadline is None
+    return all(index.live(other) is None for other in state.on)
+
+
+class Reconciler:
+    def __init__(self, harness: Harness, tx: Tx) -> None:
+        self.harness = harness
+        self.tx = tx
+        self._index: LiveIndex | None = None
+        self.queue: deque[int] = deque()
+
+    def index(self) -> LiveIndex:
+        if self._index is None:
+            self._index = LiveIndex.build(self.tx.live_tasks())
+        return self._index
+
+    def put(self, task: Task) -> Task:
+        self.tx.put_task(task)
+        if self._index is not None:
+            self._index.update(task)
+        self.queue.append(task.id)
+        return task
+
+    async def run(self) -> None:
+        written = self.tx.written_tasks()
+        if not written:
+            return
+        self.queue.extend(written.keys())
+        steps = 0
+        while self.queue:
+            steps += 1
+            if steps > 100_000:  # a cycle would be a bug; fail the commit loudly instead of hanging the line
+                raise RuntimeError("task reconciliation did not converge")
+            task = self.tx.local.tasks[self.queue.popleft()]
+            await self._step(task)
+
+    async def _step(self, task: Task) -> None:
+        status = task.state.status
+        if task.abort_requested and task.live:
+            await self._cascade(task)
+        if status == "pending" and not task.abort_requested:
+            self._maybe_reserve(task)
+        elif status == "waiting":
+            if _resumable(task, self.index(), self.tx.now) and not task.abort_requested:
+                self._resume(task)
+        elif status == "completing":
+            if not await ordinary_owned_work(self.tx, self.index(), task):
+                await self._finalize(task, task.state.outcome)
+            elif task.state.outcome is not None and task.state.outcome.status != "completed":
+                await self._cascade(task)
+        elif status == "terminal" and task.state.outcome is not None and task.ended_at is None:
+            # Freshly finished: hold while owned work lives, otherwise finish for real.
+            if await ordinary_owned_work(self.tx, self.index(), task):
+                self.put(
+                    task.model_copy(
+                        update={
+                            "state": TaskState(status="completing", outcome=task.state.outcome),
+                            "memos": {},
+                        }
+                    )
+                )
+            else:
+                await self._finalize(task, task.state.outcome)
+
+    def _maybe_reserve(self, task: Task) -> None:
+        harness = self.harness
+        if not harness.scheduler.active or task.parked:
+            return
+        definition = harness.registry.task(task.kind)
+        if definition is None or definition.version != task.version:
+            return  # blocked or needs migration: the scheduler pass handles it
+        self.put(
+            task.model_copy(
+                update={
+                    "state": task.state.model_copy(update={"status": "running"}),
+                    "started_at": task.started_at if task.started_at is not None else self.tx.now,
+                }
+            )
+        )
+
+    def _resume(self, task: Task) -> None:
+        state = TaskState(status="pending", checkpoint=task.state.checkpoint)
+        resumed = task.model_copy(update={"state": state})
+        if self.harness.scheduler.active and self.harness.registry.task(task.kind) is not None:
+            resumed = resumed.model_copy(
+                update={"state": TaskState(status="running", checkpoint=task.state.checkpoint)}
+            )
+        self.put(resumed)
+
+    async def _cascade(self, task: Task) -> None:
+        """Mark every live non-background task below `task` for abort; withdraw inputs queued in owned
+        conversations."""
+        from harness_core._inbox import withdraw_inputs
+
+        index = self.index()
+        for child in await ordinary_owned_work(self.tx, index, task):
+            if not child.abort_requested:
+                self.put(child.model_copy(update={"abort_requested": True, "abort_reason": "cascade"}))
+        for conversation in await owned_conversations(self.tx, task.id):
+            await withdraw_inputs(self.tx, conversation.id)
+
+    async def _finalize(self, task: Task, outcome: Outcome | None) -> None:
+        assert outcome is not None
+        final = task.model_copy(
+            update={
+                "state": TaskState(status="terminal", outcome=outcome),
+                "memos": {},
+                "ended_at": self.tx.now,
+            }
+        )
+        self.tx.put_task(final)
+        if self._index is not None:
+            self._index.update(final)
+        for record in await self.tx.scan_documents("task", task.id):
+            await self.tx.retire_address((record.kind, record.scope, record.scope_id, record.key))
+        if outcome.status in ("faulted", "orphaned"):
+            await self.harness.on_task_failed(self.tx, final)
+        await self._after_terminal(final)
+
+    async def _after_terminal(self, task: Task) -> None:
+        index = self.index()
+        owner_ids: list[int] = []
+        if task.owner_task_id is not None:
+            owner_ids.append(task.owner_task_id)
+        conversation = await self.tx.conversation(task.conversation_id)
+        if conversation is not None and conversation.owner_task_id is not None:
+            owner_ids.append(conversation.owner_task_id)
+        failed = task.state.outcome is not None and task.state.outcome.status != "completed"
+        for waiter in list(index.tasks.values()):
+            if waiter.state.status == "waiting" and task.id in waiter.state.on:
+                if failed and waiter.state.policy == "fail_fast":
+                    for other_id in waiter.state.on:
+                        other = index.live(other_id)
+                        if other is not None and not other.abort_requested:
+                            self.put(
+                                other.model_copy(
+                                    update={"abort_requested": True, "abort_reason": "fail_fast"}
+                                )
+                            )
+                if waiter.id not in owner_ids:
+                    owner_ids.append(waiter.id)
+        for owner_id in owner_ids:
+            owner = index.live(owner_id)
+            if owner is None:
+                continue
+            if owner.state.status == "completing":
+                self.queue.append(owner.id) if owner.id in self.tx.local.tasks else self.put(owner)
+            elif owner.state.status == "waiting" and _resumable(owner, index, self.tx.now):
+                if owner.abort_requested:
+                    self.put(owner)  # the scheduler starts its abort invocation once work below drained
+                else:
+                    self._resume(owner)
+            elif owner.abort_requested:
+                self.harness.scheduler.request_pass()
+
+
+async def reconcile(harness: Harness, tx: Tx) -> None:
+    await Reconciler(harness, tx).run()

@@ -1,0 +1,487 @@
+"""`core.tool`: one model tool call as a durable task.
+
+Phases: `call` validates the arguments, runs `before_tool` hooks, commits the intent (final arguments and the
+replay policy) and only then executes. `execute` is reached only by recovery after a crash mid-execution: the
+call runs again with the stored arguments only if both the stored intent and the current declaration say
+`replay="safe"`; otherwise the model gets an "interrupted" error result and decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import TYPE_CHECKING, Any
+
+from harness_core.documents import LiveDoc, UsageDoc
+from harness_core.messages import ImageContent, TextContent, ToolResultMessage, Usage
+from harness_core.records import CORE_TOOL_RESULT, EntryDraft, Task
+from harness_core.tasks import Aborted, Checkpoint, Complete, Fail, TaskRuntime, Wait, define_task
+from harness_core.tools import (
+    Block,
+    Defer,
+    OutputLimits,
+    Rewrite,
+    ToolApi,
+    ToolCallInfo,
+    ToolHookApi,
+    ToolResult,
+    ToolSpec,
+)
+
+if TYPE_CHECKING:
+    from harness_core._tx import Tx
+    from harness_core.harness import Harness
+
+
+def _bound(text: str, limits: OutputLimits) -> tuple[str, int, int]:
+    """Keep whole lines within the limits (head or tail); returns (text, dropped lines, dropped bytes)."""
+    text = "".join(ch for ch in text if ch in "\t\n" or ch >= " " or ord(ch) > 127)
+    lines = text.splitlines(keepends=True)
+    keep = lines if limits.retain == "head" else list(reversed(lines))
+    kept: list[str] = []
+    size = 0
+    for line in keep:
+        encoded = len(line.encode())
+        if len(kept) >= limits.max_lines or size + encoded > limits.max_bytes:
+            if not kept and encoded > limits.max_bytes:
+                cut = line.encode()[: limits.max_bytes].decode(errors="ignore")
+                kept.append(cut)
+                size += len(cut.encode())
+            break
+        kept.append(line)
+        size += encoded
+    if limits.retain == "tail":
+        kept.reverse()
+    out = "".join(kept)
+    return out, max(0, len(lines) - len(kept)), max(0, len(text.encode()) - len(out.encode()))
+
+
+class _Output:
+    """Invocation-owned output buffer with throttled commits into the tool's slot."""
+
+    def __init__(self, limits: OutputLimits) -> None:
+        self.limits = limits
+        self.chunks: list[str] = []
+        self.size = 0
+        self.dirty = asyncio.Event()
+
+    def append(self, text: str) -> None:
+        self.chunks.append(text)
+        self.size += len(text)
+        if self.size > 4 * self.limits.max_bytes:  # keep memory bounded for chatty tools
+            joined, _, _ = _bound("".join(self.chunks), self.limits)
+            self.chunks = [joined]
+            self.size = len(joined)
+        self.dirty.set()
+
+    def retained(self) -> str:
+        return _bound("".join(self.chunks), self.limits)[0]
+
+
+def _result_entry(
+    tx: Tx,
+    conversation_id: int,
+    call_id: str,
+    tool_name: str,
+    content: list[TextContent | ImageContent],
+    *,
+    is_error: bool,
+    details: Any = None,
+    usage: Usage | None = None,
+    duration_ms: int | None = None,
+    diagnostics: list[dict[str, Any]] | None = None,
+) -> int:
+    diagnostics = diagnostics or []
+    if diagnostics:
+        block = "\n".join(f"[{d['severity']}] {d['message']}" for d in diagnostics)
+        content = [*content, TextContent(text=f"<harness>\n{block}\n</harness>")]
+    message = ToolResultMessage(
+        tool_call_id=call_id,
+        tool_name=tool_name,
+        content=content,
+        details=details,
+        usage=usage,
+        is_error=is_error,
+        duration_ms=duration_ms,
+        timestamp=tx.now,
+    )
+    entry = tx.append_entry(
+        conversation_id, EntryDraft(kind=CORE_TOOL_RESULT, model=[message], data={"diagnostics": diagnostics})
+    )
+    return entry.id
+
+
+async def _set_slot(tx: Tx, conversation_id: int, call_id: str, **changes: Any) -> None:
+    live = await tx.doc(LiveDoc, conversation_id)
+    for slot in live.value.get("tools", []):
+        if slot["call_id"] == call_id:
+            for key, value in changes.items():
+                if value is None:
+                    slot.pop(key, None)
+                else:
+                    slot[key] = value
+
+
+async def _slot(harness: Harness, conversation_id: int, call_id: str) -> dict[str, Any]:
+    live = await harness.snapshot(LiveDoc, conversation_id) or {}
+    for slot in live.get("tools", []):
+        if slot["call_id"] == call_id:
+            return dict(slot)
+    return {}
+
+
+async def _call_of(harness: Harness, task: Task) -> tuple[str, dict[str, Any], int]:
+    name, arguments, assistant_id, _raw = await _call_details(harness, task)
+    return name, arguments, assistant_id
+
+
+async def _call_details(harness: Harness, task: Task) -> tuple[str, dict[str, Any], int, str | None]:
+    """The call as the model sent it. `raw` is set when its argument JSON did not parse (providers keep the
+    raw text in `partial_json` of a finished call)."""
+    assistant_id = int(task.input["assistant"])
+    call_id = str(task.input["call_id"])
+    entry = await harness.session.storage.entry(assistant_id)
+    if entry is None or not entry.model:
+        raise RuntimeError(f"tool task {task.id}: assistant entry {assistant_id} is missing")
+    for message in entry.model:
+        if message.role == "assistant":
+            for call in message.tool_calls():
+                if call.id == call_id:
+                    return call.name, dict(call.arguments), assistant_id, call.partial_json
+    raise RuntimeError(f"tool task {task.id}: call {call_id} not found in entry {assistant_id}")
+
+
+def _defer_commit(until: int | None) -> Any:
+    def commit(_tx: Tx, _task: Task) -> Wait:
+        return Wait(checkpoint={"phase": "call"}, on=[], deadline=until)
+
+    return commit
+
+
+def _error_transition(outcome: str, entry_id: int, message: str) -> Complete | Fail:
+    if outcome == "complete":
+        return Complete({"entry_id": entry_id})
+    return Fail(message, result={"entry_id": entry_id})
+
+
+async def _finish_with_error(
+    runtime: TaskRuntime,
+    task: Task,
+    name: str,
+    code: str,
+    message: str,
+    *,
+    outcome: str = "complete",
+    output: str = "",
+    details: Any = None,
+) -> None:
+    call_id = str(task.input["call_id"])
+    diagnostics = [{"severity": "error", "message": message, "code": code}]
+    content: list[TextContent | ImageContent] = [TextContent(text=output)] if output else []
+
+    async def commit(tx: Tx, _task: Task) -> Complete | Fail:
+        entry_id = _result_entry(
+            tx,
+            task.conversation_id,
+            call_id,
+            name,
+            content,
+            is_error=True,
+            details=details,
+            diagnostics=diagnostics,
+        )
+        await _set_slot(
+            tx, task.conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
+        )
+        return _error_transition(outcome, entry_id, message)
+
+    await runtime.commit(commit)
+
+
+async def _call_phase(task: Task, runtime: TaskRuntime) -> None:
+    harness: Harness = runtime.harness
+    name, raw_arguments, assistant_id, unparsed = await _call_details(harness, task)
+    agent = await harness.resolve_agent(task.conversation_id)
+    spec = agent.tool(name)
+    if spec is None:
+        await _finish_with_error(runtime, task, name, "tool_unavailable", f"Tool {name} is not available")
+        return
+    if unparsed is not None:
+        message = f"invalid arguments for {name}: not a JSON object: {unparsed[:500]}"
+        await _finish_with_error(runtime, task, name, "invalid_arguments", message)
+        return
+    try:
+        arguments = spec.validate(raw_arguments)
+    except ValueError as exc:
+        await _finish_with_error(runtime, task, name, "invalid_arguments", str(exc))
+        return
+    hook_api = ToolHookApi(harness, runtime)
+    for before in agent.hooks("core.tool", "before_tool"):
+        info = ToolCallInfo(
+            call_id=str(task.input["call_id"]),
+            name=name,
+            arguments=dict(arguments),
+            spec=spec,
+            assistant_entry_id=assistant_id,
+        )
+        try:
+            decision = before(info, hook_api)
+            if inspect.isawaitable(decision):
+                decision = await decision
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await _finish_with_error(runtime, task, name, "blocked", f"Blocked: {exc}")
+            return
+        if isinstance(decision, Block):
+            await _finish_with_error(runtime, task, name, "blocked", decision.reason)
+            return
+        if isinstance(decision, Defer):
+            await runtime.commit(_defer_commit(decision.until))
+            return
+        if isinstance(decision, Rewrite):
+            try:
+                arguments = spec.validate(decision.arguments)
+            except ValueError as exc:
+                await _finish_with_error(runtime, task, name, "invalid_arguments", str(exc))
+                return
+    call_id = str(task.input["call_id"])
+
+    async def intent(tx: Tx, _task: Task) -> Checkpoint:
+        await _set_slot(tx, task.conversation_id, call_id, status="running", arguments=arguments)
+        return Checkpoint({"phase": "execute", "arguments": arguments, "replay": spec.replay})
+
+    await runtime.commit(intent)
+    await _execute(task, runtime, spec, arguments, assistant_id)
+
+
+async def _execute_phase(task: Task, runtime: TaskRuntime) -> None:
+    """Recovery: the process died while this call was executing."""
+    harness: Harness = runtime.harness
+    name, _raw, assistant_id = await _call_of(harness, task)
+    checkpoint = task.state.checkpoint or {}
+    agent = await harness.resolve_agent(task.conversation_id)
+    spec = agent.tool(name)
+    call_id = str(task.input["call_id"])
+    if checkpoint.get("replay") == "safe" and spec is not None and spec.replay == "safe":
+
+        async def clear(tx: Tx, _task: Task) -> None:
+            await _set_slot(tx, task.conversation_id, call_id, output=None, details=None)
+
+        await runtime.commit(clear)
+        await _execute(task, runtime, spec, dict(checkpoint.get("arguments", {})), assistant_id)
+        return
+    slot = await _slot(harness, task.conversation_id, call_id)
+    await _finish_with_error(
+        runtime,
+        task,
+        name,
+        "interrupted",
+        f"Tool {name} was interrupted and may have partially run",
+        outcome="fail",
+        output=str(slot.get("output", "")),
+        details=slot.get("details"),
+    )
+
+
+async def _execute(
+    task: Task, runtime: TaskRuntime, spec: ToolSpec, arguments: dict[str, Any], assistant_id: int
+) -> None:
+    harness: Harness = runtime.harness
+    call_id = str(task.input["call_id"])
+    output = _Output(spec.output_limits)
+    details_box: list[Any] = []
+    interval = harness.settings.progress.output_interval_ms / 1000
+
+    async def flush_output() -> None:
+        while True:
+            await output.dirty.wait()
+            output.dirty.clear()
+            text = output.retained()
+
+            async def write(tx: Tx, _task: Task, text: str = text) -> None:
+                await _set_slot(tx, task.conversation_id, call_id, output=text)
+
+            await runtime.commit(write)
+            await asyncio.sleep(interval)
+
+    async def on_details(value: Any) -> None:
+        details_box[:] = [value]
+
+        async def write(tx: Tx, _task: Task) -> None:
+            await _set_slot(tx, task.conversation_id, call_id, details=value)
+
+        await runtime.commit(write)
+
+    api = ToolApi(
+        harness=harness,
+        runtime=runtime,
+        task_id=task.id,
+        conversation_id=task.conversation_id,
+        call_id=call_id,
+        tool_name=spec.name,
+        env=None,
+        on_output=output.append,
+        on_details=on_details,
+    )
+    started = time.monotonic()
+    error: Exception | None = None
+    result: ToolResult
+    flusher = asyncio.get_running_loop().create_task(flush_output(), name=f"tool-{task.id}-output")
+    try:
+        api.env = await runtime.env()
+        raw = await spec.execute(arguments, api)
+        result = ToolResult(content=raw) if isinstance(raw, str) else raw
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = exc
+        result = ToolResult(content=None, is_error=True)
+    finally:
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+    duration_ms = int((time.monotonic() - started) * 1000)
+
+    content: list[TextContent | ImageContent]
+    diagnostics: list[dict[str, Any]] = []
+    retained = output.retained()
+    if result.content is None:
+        content = [TextContent(text=retained)] if retained else []
+    elif isinstance(result.content, str):
+        content = [TextContent(text=result.content)]
+    else:
+        content = list(result.content)
+    if error is not None:
+        diagnostics.append(
+            {"severity": "error", "message": f"{type(error).__name__}: {error}", "code": "tool_error"}
+        )
+    details = result.details if result.details is not None else (details_box[0] if details_box else None)
+    result = ToolResult(
+        content=content, is_error=result.is_error, details=details, usage=result.usage, control=result.control
+    )
+    agent = await harness.resolve_agent(task.conversation_id)
+    info = ToolCallInfo(
+        call_id=call_id, name=spec.name, arguments=arguments, spec=spec, assistant_entry_id=assistant_id
+    )
+    for after in agent.hooks("core.tool", "after_tool"):
+        try:
+            replaced = after(info, result, ToolHookApi(harness, runtime))
+            if inspect.isawaitable(replaced):
+                replaced = await replaced
+            if isinstance(replaced, ToolResult):
+                result = replaced
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            harness.report(exc)
+    bounded: list[TextContent | ImageContent] = []
+    content_items = (
+        result.content if isinstance(result.content, list) else [TextContent(text=result.content or "")]
+    )
+    for item in content_items:
+        if isinstance(item, TextContent):
+            text, lines, size = _bound(item.text, spec.output_limits)
+            if lines or size:
+                diagnostics.append(
+                    {
+                        "severity": "warn",
+                        "message": f"Output truncated: {lines} lines, {size} bytes dropped",
+                        "code": "truncated",
+                    }
+                )
+            bounded.append(TextContent(text=text))
+        else:
+            bounded.append(item)
+    control = result.control
+    usage = result.usage
+
+    async def commit(tx: Tx, _task: Task) -> Complete | Fail:
+        entry_id = _result_entry(
+            tx,
+            task.conversation_id,
+            call_id,
+            spec.name,
+            bounded,
+            is_error=result.is_error or error is not None,
+            details=result.details,
+            usage=usage,
+            duration_ms=duration_ms,
+            diagnostics=diagnostics,
+        )
+        await _set_slot(
+            tx, task.conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
+        )
+        if usage is not None:
+            doc = await tx.doc(UsageDoc, task.conversation_id)
+            tools = doc.value.setdefault("tools", {})
+            tools[spec.name] = Usage.model_validate(tools.get(spec.name, {})).plus(usage).model_dump()
+        if error is not None:
+            return Fail(f"{type(error).__name__}: {error}", result={"entry_id": entry_id})
+        control_json = None
+        if control is not None:
+            control_json = {
+                "terminate": control.terminate,
+                "handoff": control.handoff,
+                "add_tools": control.add_tools,
+            }
+        return Complete({"entry_id": entry_id, "control": control_json})
+
+    await runtime.commit(commit)
+
+
+async def _abort(task: Task, runtime: TaskRuntime) -> None:
+    harness: Harness = runtime.harness
+    try:
+        name, arguments, assistant_id = await _call_of(harness, task)
+    except RuntimeError:
+        await runtime.commit(lambda _tx, _t: Aborted(reason=task.abort_reason))
+        return
+    call_id = str(task.input["call_id"])
+    slot = await _slot(harness, task.conversation_id, call_id)
+    output = str(slot.get("output", ""))
+    result = ToolResult(
+        content=[TextContent(text=output)] if output else [], is_error=True, details=slot.get("details")
+    )
+    agent = await harness.resolve_agent(task.conversation_id)
+    spec = agent.tool(name)
+    info = ToolCallInfo(
+        call_id=call_id, name=name, arguments=arguments, spec=spec, assistant_entry_id=assistant_id
+    )
+    for on_abort in agent.hooks("core.tool", "on_abort"):
+        try:
+            replaced = on_abort(info, result, ToolHookApi(harness, runtime))
+            if inspect.isawaitable(replaced):
+                replaced = await replaced
+            if isinstance(replaced, ToolResult):
+                result = replaced
+        except Exception as exc:
+            harness.report(exc)
+    content = result.content if isinstance(result.content, list) else [TextContent(text=result.content or "")]
+    diagnostics = [{"severity": "error", "message": f"Tool {name} was aborted", "code": "aborted"}]
+
+    async def commit(tx: Tx, _task: Task) -> Aborted:
+        entry_id = _result_entry(
+            tx,
+            task.conversation_id,
+            call_id,
+            name,
+            [c for c in content if not (isinstance(c, TextContent) and not c.text)],
+            is_error=True,
+            details=result.details,
+            diagnostics=diagnostics,
+        )
+        await _set_slot(
+            tx, task.conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
+        )
+        return Aborted(reason=task.abort_reason, result={"entry_id": entry_id})
+
+    await runtime.commit(commit)
+
+
+ToolTask = define_task(
+    "core.tool",
+    phases={"call": _call_phase, "execute": _execute_phase},
+    initial=lambda _input: {"phase": "call"},
+    abort=_abort,
+)

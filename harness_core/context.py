@@ -1,0 +1,155 @@
+"""What the model sees: a pure function from stored entries to provider messages (DESIGN.md §2.4).
+
+The caller passes the newest head marker at or before the cutoff and the visible entries from that marker's
+`head` through the cutoff (fork-aware, ascending). Nothing here reads storage, so the cost is the size of the
+active context, never the size of the history.
+
+Rules, in order:
+1. Edits in the range apply to their targets; for each target the newest edit wins (`omit` removes the
+   target's messages, `replace` substitutes them).
+2. The context is the head marker followed by the range's entries that are not head markers.
+3. Entries without messages, and assistant messages that ended `aborted` or `error`, are excluded.
+4. Tool results move directly after the assistant message that called them, in call order; results with no
+   matching call are dropped; a call without a result gets a synthesized error result.
+5. A system message preceded only by user messages moves to the front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness_core.messages import (
+    AssistantMessage,
+    Message,
+    SystemMessage,
+    TextContent,
+    ToolDeclaration,
+    ToolResultMessage,
+    UserMessage,
+)
+from harness_core.records import ContextEdit, Entry
+
+MISSING_RESULT_TEXT = (
+    "No result was recorded for this tool call: the run was interrupted or the conversation was forked "
+    "before it finished."
+)
+
+
+@dataclass
+class ContextView:
+    head: Entry | None
+    entries: list[Entry]  # the active entries (marker first, then non-marker entries)
+    contributions: list[list[Message]]  # per entry, after edits and exclusions, before reordering
+    messages: list[Message] = field(default_factory=list)  # the final model context
+
+
+def derive_context(head: Entry | None, entries: list[Entry]) -> ContextView:
+    """Derive the model context from the newest head marker and the visible entries of its range."""
+    edits: dict[int, ContextEdit] = {}
+    for entry in entries:
+        for edit in entry.edits or ():
+            edits[edit.target] = edit  # ascending order: a newer edit overwrites an older one
+    if head is not None:
+        for edit in head.edits or ():
+            edits.setdefault(edit.target, edit)
+        active = [head, *(e for e in entries if e.head is None)]
+    else:
+        active = [e for e in entries if e.head is None]
+
+    contributions: list[list[Message]] = []
+    for entry in active:
+        messages = list(entry.model or ())
+        found = edits.get(entry.id)
+        if found is not None:
+            messages = [] if found.action == "omit" else list(found.messages or ())
+        contributions.append([m for m in messages if _included(m)])
+
+    flat = [m for group in contributions for m in group]
+    return ContextView(head=head, entries=active, contributions=contributions, messages=_arrange(flat))
+
+
+def _included(message: Message) -> bool:
+    return not (isinstance(message, AssistantMessage) and message.stop_reason in ("aborted", "error"))
+
+
+def _arrange(messages: list[Message]) -> list[Message]:
+    out: list[Message] = []
+    # Pair each result with the nearest preceding assistant that called it, if no other assistant came between.
+    results_by_call: dict[str, ToolResultMessage] = {}
+    pending_calls: set[str] = set()
+    for message in messages:
+        if isinstance(message, AssistantMessage):
+            pending_calls = {call.id for call in message.tool_calls()}
+        elif isinstance(message, ToolResultMessage) and message.tool_call_id in pending_calls:
+            results_by_call[message.tool_call_id] = message
+            pending_calls.discard(message.tool_call_id)
+    placed: set[int] = set()
+    for message in messages:
+        if isinstance(message, ToolResultMessage):
+            # Placed after its call (below), or an orphan with no call to follow: dropped either way.
+            continue
+        out.append(message)
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls():
+                result = results_by_call.get(call.id)
+                if result is not None and id(result) not in placed:
+                    placed.add(id(result))
+                    out.append(result)
+                else:
+                    out.append(
+                        ToolResultMessage(
+                            tool_call_id=call.id,
+                            tool_name=call.name,
+                            content=[TextContent(text=MISSING_RESULT_TEXT)],
+                            is_error=True,
+                            timestamp=message.timestamp,
+                        )
+                    )
+    return _system_to_front(out)
+
+
+def _system_to_front(messages: list[Message]) -> list[Message]:
+    for position, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            if position and all(isinstance(m, UserMessage) for m in messages[:position]):
+                return [message, *messages[:position], *messages[position + 1 :]]
+            return messages
+        if not isinstance(message, UserMessage):
+            return messages
+    return messages
+
+
+@dataclass
+class PromptState:
+    """The system prompt sections and tools that the context's system messages add up to."""
+
+    sections: dict[str, str] = field(default_factory=dict)
+    tools: list[ToolDeclaration] = field(default_factory=list)
+
+    def system_prompt(self) -> str:
+        return "\n\n".join(text for text in self.sections.values() if text)
+
+
+def replay_system(messages: list[Message]) -> PromptState:
+    """Replay positional system patches into the effective sections and offered tools."""
+    state = PromptState()
+    for message in messages:
+        if not isinstance(message, SystemMessage):
+            continue
+        for key, text in message.sections.items():
+            if text is None:
+                state.sections.pop(key, None)
+            else:
+                state.sections[key] = text
+        if message.tools_removed:
+            removed = set(message.tools_removed)
+            state.tools = [t for t in state.tools if t.name not in removed]
+        for tool in message.tools_added:
+            state.tools = [t for t in state.tools if t.name != tool.name]
+            state.tools.append(tool)
+    return state
+
+
+def provider_messages(messages: list[Message]) -> list[Message]:
+    """The context without positional system messages (they travel as the request's system prompt)."""
+    return [m for m in messages if not isinstance(m, SystemMessage)]

@@ -1,0 +1,49 @@
+"""Harness settings: read live by each reader (change them between turns and the next boundary sees it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class RetrySettings:
+    enabled: bool = True
+    max_retries: int = 3  # retries after the first attempt
+    base_delay_ms: int = 2_000
+    max_delay_ms: int = 60_000
+
+    def delay_ms(self, attempt: int, retry_after_ms: int | None) -> int:
+        """Backoff for the given 1-based attempt, honouring the server's retry-after, capped."""
+        backoff = self.base_delay_ms * int(2 ** max(0, attempt - 1))
+        if retry_after_ms is not None:
+            backoff = max(retry_after_ms, 0)
+        return min(backoff, self.max_delay_ms)
+
+
+@dataclass
+class CompactionSettings:
+    enabled: bool = True
+    reserve_tokens: int = 16_384
+    keep_recent_tokens: int = 20_000
+    background_tokens: int = 32_768
+
+
+@dataclass
+class ProgressSettings:
+    partial_interval_ms: int = 100  # streaming partials are committed at most this often
+    output_interval_ms: int = 100  # tool output is committed at most this often
+
+
+@dataclass
+class HarnessSettings:
+    extensions: list[str] | None = None  # default selection; None = every installed extension
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    progress: ProgressSettings = field(default_factory=ProgressSettings)
+    tool_execution: Literal["parallel", "sequential"] = "parallel"
+    steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    restart_limit: int = 5  # process deaths at the same step before a task is parked
+    stream: dict[str, Any] = field(default_factory=dict)  # provider options pinned into each request
+    context_retention_ms: int = 600_000
