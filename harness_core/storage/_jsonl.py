@@ -9,8 +9,8 @@
 
 A commit exists exactly when its marker does. On open, lines after the last marker (a torn tail left by a
 crash mid-append) are dropped and the file is truncated back to that marker; confirmed lines that do not match
-their marker's count and checksum, or do not parse, refuse the open with `StorageCorrupt`. Reads are served from
-a `MemoryStorage` index, so they have the reference semantics by construction.
+their marker's count and checksum, or do not parse, refuse the open with `StorageCorrupt`. Reads are served
+from a `MemoryStorage` index, so they have the reference semantics by construction.
 """
 
 from __future__ import annotations
@@ -308,7 +308,8 @@ class JsonlStorage:
         self._check()
         if self._failed is not None:
             raise StorageError(
-                f"storage {self._description} refuses commits after a failed append ({self._failed}); reopen it"
+                f"storage {self._description} refuses commits after a failed append ({self._failed}); "
+                "reopen it"
             )
         last = (await self._index.meta()).last_seq
         for batch in batches:

@@ -1,9 +1,9 @@
 """The owner lock: one process owns a persistent storage at a time.
 
-An `fcntl.flock` on a sidecar file. The kernel drops it when the holder's last descriptor closes, which includes
-the process dying for any reason, so a SIGKILLed owner never blocks its successor and there is no stale-lock
-cleanup to get wrong. flock locks belong to an open file description, so a second open inside the same process
-conflicts too. The holder writes who it is into the file so a refused opener can name it.
+An `fcntl.flock` on a sidecar file. The kernel drops it when the holder's last descriptor closes, which
+includes the process dying for any reason, so a SIGKILLed owner never blocks its successor and there is no
+stale-lock cleanup to get wrong. flock locks belong to an open file description, so a second open inside the
+same process conflicts too. The holder writes who it is into the file so a refused opener can name it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class OwnerLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        # The file stays: deleting it would let a waiter lock an unlinked inode while a newcomer locks a new one.
+        # Never unlinked: another opener may already hold a descriptor of this inode, and a newcomer would
+        # then create and lock a different file, giving two owners.
         try:
             os.ftruncate(fd, 0)
         except OSError:

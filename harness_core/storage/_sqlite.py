@@ -80,7 +80,10 @@ _NEWEST_BASE = (
     "SELECT seq, part FROM doc_contents INDEXED BY doc_contents_bases "
     "WHERE doc_id = ? AND is_base = 1 AND seq <= ? ORDER BY seq DESC, part DESC LIMIT 1"
 )
-_CONTENTS_FROM = "SELECT content FROM doc_contents WHERE doc_id = ? AND (seq, part) >= (?, ?) AND seq <= ? ORDER BY seq, part"
+_CONTENTS_FROM = (
+    "SELECT content FROM doc_contents WHERE doc_id = ? AND (seq, part) >= (?, ?) AND seq <= ? "
+    "ORDER BY seq, part"
+)
 
 
 def _content_tail(conn: sqlite3.Connection, doc_id: int, upto: int) -> list[Any]:
@@ -319,8 +322,8 @@ class SqliteStorage:
         try:
             await self._run(lambda conn: _write(conn, plan), "commit")
         except BaseException:
-            # Outcome uncertain (a cancelled caller does not stop the worker thread): resync from the database,
-            # queued behind the write, so the cached meta never lags what is stored.
+            # Outcome uncertain (a cancelled caller does not stop the worker thread): resync from the
+            # database, queued behind the write, so the cached meta never lags what is stored.
             with contextlib.suppress(Exception):
                 await self._reload_meta()
             raise
@@ -399,7 +402,8 @@ class SqliteStorage:
         return await self._scan(Entry, "entries", scan, filters, order, limit, cursor)
 
     async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
-        # INDEXED BY: without statistics the planner may pick the full conversation index and walk every entry.
+        # INDEXED BY: without statistics the planner may pick the full conversation index and walk every
+        # entry of the conversation.
         rows = await self._rows(
             "SELECT record FROM entries INDEXED BY entries_heads "
             "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1",
@@ -474,7 +478,10 @@ class SqliteStorage:
         *,
         at_seq: int | None = None,
     ) -> DocumentRecord | None:
-        sql = "SELECT retired_seq, record FROM doc_records WHERE kind = ? AND scope = ? AND scope_id IS ? AND key IS ?"
+        sql = (
+            "SELECT retired_seq, record FROM doc_records "
+            "WHERE kind = ? AND scope = ? AND scope_id IS ? AND key IS ?"
+        )
         params: list[Any] = [kind, scope, scope_id, key]
         if at_seq is None:
             sql += " AND retired_seq IS NULL"

@@ -1,7 +1,7 @@
 """The SQLite schema as ordered, versioned migrations (`PRAGMA user_version` holds the applied version).
 
-Append new steps at the end and never edit a released one: a store opened by a newer build migrates forward one
-step per transaction, and a store whose version is newer than this build knows is refused.
+Append new steps at the end and never edit a released one: a store opened by a newer build migrates forward
+one step per transaction, and a store whose version is newer than this build knows is refused.
 Records are stored whole as JSON text; the other columns exist only to be indexed.
 """
 

@@ -83,8 +83,11 @@ async def test_a_group_of_batches_is_one_commit_with_one_marker(tmp_path: Path) 
     "tail",
     [
         b'{"type":"entry","rec',  # a partial last line
-        b'{"type":"batch","seq":4,"next_id":50}\n{"type":"entry","record":{"id":40,"conversation_id":1,"kind":"t"}}\n',
-        b'{"type":"batch","seq":4,"next_id":50}\n\x00\x00garbage\n{"type":"commit","seq',  # records, torn marker
+        # complete record lines without their marker
+        b'{"type":"batch","seq":4,"next_id":50}\n'
+        b'{"type":"entry","record":{"id":40,"conversation_id":1,"kind":"t"}}\n',
+        # records, garbage and a torn marker
+        b'{"type":"batch","seq":4,"next_id":50}\n\x00\x00garbage\n{"type":"commit","seq',
     ],
 )
 async def test_a_torn_tail_is_dropped_and_truncated(tmp_path: Path, tail: bytes) -> None:
