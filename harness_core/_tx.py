@@ -257,6 +257,9 @@ class Tx:
                         addresses.pop(address, None)
                     else:
                         addresses[address] = layered.record
+        for address, draft in self._drafts.items():
+            if address[1] == "conversation" and address[2] == parent_id:
+                addresses[address] = draft.record
         entry = await self.entry(at)
         assert entry is not None
         durable = entry.seq <= self._session.last_seq
@@ -332,11 +335,15 @@ class Tx:
     def put_task(self, task: Task) -> Task:
         """Write a whole task record (harness internal: tasks change state through their runtime)."""
         self._check()
+        if task.seq != self.seq:
+            task = task.model_copy(update={"seq": self.seq})
         self.local.tasks[task.id] = task
         return task
 
     def put_submission(self, submission: Submission) -> Submission:
         self._check()
+        if submission.seq != self.seq:
+            submission = submission.model_copy(update={"seq": self.seq})
         self.local.put_submission(submission)
         return submission
 
@@ -480,11 +487,8 @@ class Tx:
                 raise NotFound(f"cannot append to conversation {conversation_id}: it does not exist")
         batch.conversations = list(self.local.conversations.values())
         batch.entries = list(self._entry_order)
-        batch.tasks = [t.model_copy(update={"seq": self.seq}) for t in self.local.tasks.values()]
-        self.local.tasks = {t.id: t for t in batch.tasks}
-        batch.submissions = [s.model_copy(update={"seq": self.seq}) for s in self.local.submissions.values()]
-        for submission in batch.submissions:
-            self.local.put_submission(submission)
+        batch.tasks = list(self.local.tasks.values())
+        batch.submissions = list(self.local.submissions.values())
         for task in batch.tasks:
             strict_copy(task.input, f"task {task.id} input")
             if task.state.checkpoint is not None:
