@@ -222,7 +222,7 @@ async def test_ids_are_monotone_and_never_reused_across_reopen(tmp_path: Path) -
     path = tmp_path / "ids.sqlite"
     harness = await Harness.open(await SqliteStorage.open(path))
     root = await harness.root()
-    first = [await harness.commit(lambda tx: append_note(tx, root.id, str(i))) for i in range(3)]
+    first = [await harness.commit(lambda tx, i=i: append_note(tx, root.id, str(i))) for i in range(3)]
     conversation = await harness.create_conversation(Ownerless())
     await harness.close()
     harness = await Harness.open(await SqliteStorage.open(path))
