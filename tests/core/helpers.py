@@ -71,3 +71,18 @@ async def eventually(predicate: Callable[[], Any], timeout: float = 5.0) -> None
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.01)
+
+
+async def task_reaches(harness: Harness, task_id: int, status: str) -> Any:
+    """Wait until the task's committed state has `status`; return the record."""
+    found: list[Any] = []
+
+    async def check() -> bool:
+        task = await harness.get_task(task_id)
+        if task is not None and task.state.status == status:
+            found.append(task)
+            return True
+        return False
+
+    await eventually(check)
+    return found[0]

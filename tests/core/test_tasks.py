@@ -29,6 +29,8 @@ from harness_core import (
 from harness_core.records import Conversation, TaskState
 from harness_core.storage import CommitBatch, MemoryStorage, SqliteStorage
 
+from .helpers import task_reaches
+
 log: list[str] = []
 
 
@@ -236,12 +238,7 @@ async def test_abort_runs_bottom_up() -> None:
     harness = await open_with_tasks()
     task_id = await start(harness, "test.parent", {"children": ["slow", "slow"]})
 
-    async def waiting() -> bool:
-        task = await harness.get_task(task_id)
-        return task is not None and task.state.status == "waiting"
-
-    while not await waiting():
-        await asyncio.sleep(0.01)
+    await task_reaches(harness, task_id, "waiting")
     assert await harness.abort_task(task_id) == "marked"
     task = await harness.wait_for_task(task_id)
     assert task.state.outcome is not None and task.state.outcome.status == "aborted"
@@ -254,8 +251,7 @@ async def test_abort_runs_bottom_up() -> None:
 async def test_completing_hold_until_owned_conversation_work_drains() -> None:
     harness = await open_with_tasks()
     task_id = await start(harness, "test.holder")
-    while (t := await harness.get_task(task_id)) is not None and t.state.status != "completing":
-        await asyncio.sleep(0.01)
+    t = await task_reaches(harness, task_id, "completing")
     assert t is not None and t.state.outcome is not None and t.state.outcome.status == "completed"
     child_conversations = await harness.session.storage.scan_conversations(owner_task_id=task_id)
     child_tasks = [
@@ -274,8 +270,7 @@ async def test_completing_hold_until_owned_conversation_work_drains() -> None:
 async def test_durable_deadline_wait_fires_once() -> None:
     harness = await open_with_tasks()
     task_id = await start(harness, "test.sleeper", {"ms": 50})
-    while (t := await harness.get_task(task_id)) is not None and t.state.status != "waiting":
-        await asyncio.sleep(0.005)
+    t = await task_reaches(harness, task_id, "waiting")
     assert harness.next_deadline() == t.state.deadline
     task = await harness.wait_for_task(task_id)
     assert task.state.outcome is not None and task.state.outcome.result is True
@@ -393,8 +388,7 @@ async def test_graceful_close_joins_and_writes_no_outcome(tmp_path: Path) -> Non
 
     task_id = await harness.commit(create)
     harness.resume()
-    while (t := await harness.get_task(task_id)) is not None and t.state.status != "running":
-        await asyncio.sleep(0.005)
+    await task_reaches(harness, task_id, "running")
     await harness.close()  # the slow phase is signalled and joined, not finished
     storage = await SqliteStorage.open(tmp_path / "c.sqlite")
     stored = await storage.task(task_id)
