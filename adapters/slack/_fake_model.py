@@ -274,11 +274,11 @@ class ResponseUrlCall:
 
     @property
     def replace_original(self) -> bool:
-        return _truthy(self.body.get("replace_original"))
+        return truthy(self.body.get("replace_original"))
 
     @property
     def delete_original(self) -> bool:
-        return _truthy(self.body.get("delete_original"))
+        return truthy(self.body.get("delete_original"))
 
     @property
     def response_type(self) -> str:
@@ -348,7 +348,7 @@ class DeliveryAttempt:
     def settled(self) -> bool:
         return self.outcome != "pending"
 
-    async def wait_settled(self, timeout: float | None = None) -> AttemptOutcome:  # noqa: ASYNC109
+    async def wait_settled(self, timeout: float | None = None) -> AttemptOutcome:
         """Wait until Slack would have judged this attempt (ack, timeout, error); return the outcome."""
         await asyncio.wait_for(self._settled.wait(), timeout)
         return self.outcome
@@ -370,7 +370,6 @@ class Delivery:
     kind: DeliveryKind
     payload: JsonDict
     attempts: list[DeliveryAttempt] = field(default_factory=list)
-    _changed: Callable[[], None] = field(default=lambda: None, repr=False)
 
     @property
     def event_id(self) -> str | None:
@@ -397,7 +396,7 @@ class Delivery:
     def last_attempt(self) -> DeliveryAttempt | None:
         return self.attempts[-1] if self.attempts else None
 
-    async def wait_acked(self, timeout: float = 5.0) -> DeliveryAttempt:  # noqa: ASYNC109
+    async def wait_acked(self, timeout: float = 5.0) -> DeliveryAttempt:
         """Wait until some attempt is acked in time (following retries); return that attempt."""
         deadline = time.monotonic() + timeout
         while True:
@@ -453,7 +452,7 @@ class UserPost:
         """The ``app_mention`` event delivery, if the text mentioned the bot."""
         return next((d for d in self.deliveries if d.event_type == "app_mention"), None)
 
-    async def wait_acked(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    async def wait_acked(self, timeout: float = 5.0) -> None:
         """Wait until every delivery of this post has been acked in time."""
         for delivery in self.deliveries:
             await delivery.wait_acked(timeout)
@@ -461,27 +460,39 @@ class UserPost:
 
 @dataclass
 class InteractionResult:
-    """The result of :meth:`FakeSlack.click` or :meth:`FakeSlack.slash_command`."""
+    """The result of ``FakeSlack.click`` or ``FakeSlack.slash_command``."""
 
     delivery: Delivery
-    acked: bool
-    """The app acked within the ack window (3 s by default), so the user saw no error."""
     response_url: str
     trigger_id: str
     _responses: Callable[[], list[ResponseUrlCall]] = field(repr=False, default=list)
 
     @property
+    def attempt(self) -> DeliveryAttempt:
+        return self.delivery.attempts[0]
+
+    @property
+    def acked(self) -> bool:
+        """The app acked within the ack window (3 s by default), so the user saw no error."""
+        return self.attempt.acked_in_time
+
+    @property
     def ack_payload(self) -> JsonDict | None:
-        attempt = self.delivery.last_attempt
-        return None if attempt is None else attempt.ack_payload
+        """Socket Mode: the ack's ``payload``; HTTP: the JSON response body (e.g. a command's reply)."""
+        return self.attempt.ack_payload
 
     @property
     def responses(self) -> list[ResponseUrlCall]:
         """POSTs the app made to this interaction's ``response_url`` so far."""
         return self._responses()
 
+    async def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until acked or the ack window passed; True if acked in time."""
+        await self.attempt.wait_settled(timeout)
+        return self.acked
 
-def _truthy(value: Any) -> bool:
+
+def truthy(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"1", "true", "yes", "on"}
     return bool(value)

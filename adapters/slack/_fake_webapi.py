@@ -11,7 +11,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from adapters.slack._fake_model import Channel, Ephemeral, JsonDict, Message, _truthy
+from aiohttp import web
+
+from adapters.slack._fake_model import Channel, Ephemeral, JsonDict, Message, truthy
 from adapters.slack._fake_workspace import SlackError, Workspace, decode_cursor, ts_key
 
 TokenKind = Literal["bot", "app"]
@@ -23,6 +25,40 @@ MAX_STREAM_TEXT = 12_000
 STREAM_CHUNK_TYPES = frozenset({"markdown_text", "task_update", "plan_update", "blocks"})
 
 ARG_JSON_FIELDS = frozenset({"blocks", "metadata", "chunks", "attachments"})
+
+
+async def parse_api_request(request: web.Request) -> tuple[JsonDict, str | None, str]:
+    """Merge query string and body (JSON, urlencoded or multipart) into one argument dict.
+
+    Returns ``(args, token, content_type)``; the token comes from ``Authorization: Bearer`` or a ``token``
+    argument. Raises ``ValueError`` for a body that is not a JSON object.
+    """
+    args: dict[str, Any] = dict(request.query)
+    content_type = "query"
+    if request.can_read_body:
+        if request.content_type == "application/json":
+            raw = await request.read()
+            if raw.strip():
+                try:
+                    body = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    raise ValueError("invalid JSON body") from exc
+                if not isinstance(body, dict):
+                    raise ValueError("JSON body is not an object")
+                args.update(body)
+            content_type = "json"
+        else:
+            form = await request.post()
+            args.update((key, value) for key, value in form.items() if isinstance(value, str))
+            content_type = "form"
+    token: str | None = None
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        token = auth[7:].strip() or None
+    body_token = args.pop("token", None)
+    if token is None and isinstance(body_token, str) and body_token:
+        token = body_token
+    return parse_arg_values(args), token, content_type
 
 
 def parse_arg_values(args: dict[str, Any]) -> JsonDict:
@@ -116,12 +152,15 @@ class WebApi:
     # ------------------------------------------------------------------ chat
 
     async def _chat_post_message(self, args: JsonDict) -> tuple[JsonDict, bool]:
-        channel = self.ws.api_channel(args.get("channel"), need_member=True)
+        target = args.get("channel")
+        if isinstance(target, str) and target in self.ws.users and target not in self.ws.channels:
+            target = self.ws.open_dm(target).id  # posting to a user id lands in the DM with the bot
+        channel = self.ws.api_channel(target, need_member=True)
         self._check_writable(channel)
         text, blocks = self._message_content(args, required=True)
         metadata = _metadata(args)
         thread_ts = _opt_str(args, "thread_ts")
-        broadcast = thread_ts is not None and _truthy(args.get("reply_broadcast"))
+        broadcast = thread_ts is not None and truthy(args.get("reply_broadcast"))
         message = self.ws.store(
             channel,
             text=text or "",
@@ -261,11 +300,11 @@ class WebApi:
             channel.id,
             oldest=_ts_arg(args, "oldest"),
             latest=_ts_arg(args, "latest"),
-            inclusive=_truthy(args.get("inclusive")),
+            inclusive=truthy(args.get("inclusive")),
             limit=_limit(args, default=100, maximum=999),
             cursor=_cursor(args),
         )
-        include_metadata = _truthy(args.get("include_all_metadata"))
+        include_metadata = truthy(args.get("include_all_metadata"))
         return {
             "ok": True,
             "messages": [self.ws.render(m, include_metadata=include_metadata) for m in page.messages],
@@ -291,11 +330,11 @@ class WebApi:
             parent,
             oldest=_ts_arg(args, "oldest"),
             latest=_ts_arg(args, "latest"),
-            inclusive=_truthy(args.get("inclusive")),
+            inclusive=truthy(args.get("inclusive")),
             limit=_limit(args, default=1000, maximum=1000),
             cursor=_cursor(args),
         )
-        include_metadata = _truthy(args.get("include_all_metadata"))
+        include_metadata = truthy(args.get("include_all_metadata"))
         return {
             "ok": True,
             "messages": [self.ws.render(m, include_metadata=include_metadata) for m in page.messages],
@@ -306,7 +345,7 @@ class WebApi:
     async def _conversations_info(self, args: JsonDict) -> tuple[JsonDict, bool]:
         channel = self.ws.api_channel(args.get("channel"))
         data = channel.to_api(
-            self.ws.bot_user_id, include_num_members=_truthy(args.get("include_num_members"))
+            self.ws.bot_user_id, include_num_members=truthy(args.get("include_num_members"))
         )
         return {"ok": True, "channel": data}, False
 
@@ -318,7 +357,7 @@ class WebApi:
 
     async def _usergroups_users_list(self, args: JsonDict) -> tuple[JsonDict, bool]:
         group = self.ws.usergroups.get(str(args.get("usergroup") or ""))
-        if group is None or (group.disabled and not _truthy(args.get("include_disabled"))):
+        if group is None or (group.disabled and not truthy(args.get("include_disabled"))):
             raise SlackError("no_such_subteam")
         return {"ok": True, "users": list(group.users)}, False
 

@@ -25,10 +25,12 @@ metadata, streaming), the Web API methods a bot adapter uses (``fake.supported_m
 Socket Mode (``hello``, envelopes, acks, ``disconnect``, several connections, one random connection per
 envelope), the HTTP Events API (signed POSTs, retry headers, form-encoded interactions), Slack's 3-second ack
 window and its retries (same ``event_id``, ``retry_attempt`` 1..3), ``message`` + ``app_mention`` for one
-post, ``block_actions`` clicks with a working ``response_url``, and faults (rate limits, errors, HTTP 5xx,
-dropped connections, request hooks that can SIGKILL a process at an exact moment).
+post, ``block_actions`` clicks and slash commands with a working ``response_url``, and faults (rate limits,
+errors, HTTP 5xx, dropped connections, request hooks that can SIGKILL a process at an exact moment).
 
 Timing fields on records (``sent_at``, ``acked_at``, ``received_at``...) are ``time.monotonic()`` seconds.
+Settings such as ``ack_timeout``, ``auto_retry``, ``mode`` or ``request_url`` are plain attributes that a
+test may change at any time.
 """
 
 from __future__ import annotations
@@ -37,20 +39,29 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
 import secrets
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qs
 
-import aiohttp
 from aiohttp import web
 
+from adapters.slack._fake_delivery import SLACK_USER_AGENT, Deliverer
+from adapters.slack._fake_faults import (
+    DROP,
+    DropConnection,
+    Fault,
+    Faults,
+    HookFunc,
+    HookResult,
+    HookWhen,
+    RequestHook,
+    Respond,
+    kill_process,
+)
 from adapters.slack._fake_model import (
     AttemptOutcome,
     CallOutcome,
@@ -72,15 +83,12 @@ from adapters.slack._fake_model import (
     User,
     UserGroup,
     UserPost,
-    _truthy,
 )
 from adapters.slack._fake_payloads import (
     app_mention_event,
     block_actions_payload,
-    envelope,
     event_callback,
     find_action_element,
-    http_body,
     message_changed_event,
     message_deleted_event,
     message_event,
@@ -88,7 +96,8 @@ from adapters.slack._fake_payloads import (
     sign,
     slash_command_payload,
 )
-from adapters.slack._fake_webapi import BotChange, WebApi, parse_arg_values
+from adapters.slack._fake_responses import ResponseUrls
+from adapters.slack._fake_webapi import BotChange, WebApi, parse_api_request
 from adapters.slack._fake_workspace import SlackError, Workspace
 
 __all__ = [
@@ -104,16 +113,20 @@ __all__ = [
     "Ephemeral",
     "FakeSlack",
     "Fault",
+    "HookFunc",
     "HookResult",
+    "HookWhen",
     "HttpResult",
     "InteractionResult",
     "JsonDict",
+    "MentionOrder",
     "Message",
     "RecordedCall",
     "RequestHook",
     "Respond",
     "ResponseUrlCall",
     "Revision",
+    "SignatureMode",
     "SocketConnection",
     "Transport",
     "User",
@@ -127,120 +140,11 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 MentionOrder = Literal["message_first", "app_mention_first", "random"]
-HookWhen = Literal["before", "after_effect"]
 SignatureMode = Literal["valid", "invalid", "missing"]
 
-SLACK_USER_AGENT = "Slackbot 1.0 (+https://api.slack.com/robots)"
-RESPONSE_URL_MAX_USES = 5
-
-
-# --------------------------------------------------------------------------------------------------------------
-# hooks and faults
-
-
-@dataclass(frozen=True)
-class DropConnection:
-    """Hook result: close the HTTP connection without any response (the client sees a disconnect)."""
-
-
-DROP = DropConnection()
-"""The :class:`DropConnection` instance to return from a request hook."""
-
-
-@dataclass(frozen=True)
-class Respond:
-    """Hook result: answer with this instead (for a ``before`` hook the method's effect is not applied)."""
-
-    body: JsonDict
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-HookResult = DropConnection | Respond | None
-HookFunc = Callable[[RecordedCall], "Awaitable[HookResult] | HookResult"]
-
-
-@dataclass
-class RequestHook:
-    """A registered request hook (see :meth:`FakeSlack.on_request`)."""
-
-    method: str
-    when: HookWhen
-    func: HookFunc
-    remaining: int | None
-    match: Callable[[RecordedCall], bool] | None
-    fired: list[RecordedCall] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return self.remaining is None or self.remaining > 0
-
-    def remove(self) -> None:
-        """Disarm the hook."""
-        self.remaining = 0
-
-
-@dataclass
-class Fault:
-    """An injected failure for the next calls of a method (see :meth:`FakeSlack.rate_limit` / :meth:`fail`)."""
-
-    method: str
-    remaining: int | None
-    error: str
-    status: int
-    retry_after: int | None
-    after_effect: bool
-    match: Callable[[RecordedCall], bool] | None
-    hits: list[RecordedCall] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return self.remaining is None or self.remaining > 0
-
-    def cancel(self) -> None:
-        self.remaining = 0
-
-
-@dataclass
-class _ResponseTarget:
-    channel: str
-    message_ts: str | None
-    user: str
-    thread_ts: str | None
-    uses: int = 0
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (``Z`` zombie...), ``""`` if gone, ``None`` if unknowable."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-    except OSError:
-        return None
-    return fields[0] if fields else ""
-
-
-async def kill_process(pid: int, sig: int = signal.SIGKILL, *, timeout: float = 5.0) -> None:  # noqa: ASYNC109
-    """Send ``sig`` to ``pid`` and wait until the process is dead (a zombie counts as dead)."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = _process_state(pid)
-        if state is None:
-            await asyncio.sleep(0.1)
-            return
-        if state in ("", "Z", "X", "x"):
-            return
-        await asyncio.sleep(0.005)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# the fake
+_INTERACTIVE_TYPES = frozenset(
+    {"block_actions", "view_submission", "view_closed", "shortcut", "message_action", "block_suggestion"}
+)
 
 
 class FakeSlack:
@@ -249,13 +153,15 @@ class FakeSlack:
     Args:
         mode: how events reach the app: ``"socket"`` (Socket Mode; the app connects) or ``"http"`` (the fake
             POSTs signed requests to ``request_url``).
+        request_url: HTTP mode: the app's Events API URL (can be set after start).
+        interactivity_url: HTTP mode: where clicks and commands go; defaults to ``request_url``.
         ack_timeout: Slack's ack window (3 s). An ack after it counts as a timeout.
         auto_retry: redeliver unacked Events API deliveries like Slack (``retry_attempt`` 1..3, same
             ``event_id``). Interactions and commands are never retried (as on Slack).
         retry_delays: pause before retry 1, 2 and 3 once an attempt failed (Slack: ~0 s, ~1 min, ~5 min;
             the default scales minutes down to seconds).
         mention_order: order of the ``message`` and ``app_mention`` events for one post (Slack guarantees
-            none); ``"random"`` uses ``seed``.
+            none); ``"random"`` uses ``seed`` (which also picks the connection for each envelope).
         echo_bot_events: also deliver events for the bot's own posts/edits/deletes, as Slack does when the app
             subscribes to ``message.*`` (bolt ignores them by default).
         stream_idle_timeout: a streaming message not appended to for this long stops streaming
@@ -301,12 +207,10 @@ class FakeSlack:
         self.signing_secret = signing_secret
         self.mode: Transport = mode
         self.request_url = request_url
-        """HTTP mode: where events are POSTed (the app's Request URL). Settable after start."""
         self.interactivity_url = interactivity_url
-        """HTTP mode: where interactions and commands are POSTed; defaults to ``request_url``."""
         self.ack_timeout = ack_timeout
         self.auto_retry = auto_retry
-        self.retry_delays = tuple(retry_delays)
+        self.retry_delays: tuple[float, ...] = tuple(retry_delays)
         self.mention_order: MentionOrder = mention_order
         self.echo_bot_events = echo_bot_events
         self.stream_idle_timeout = stream_idle_timeout
@@ -322,34 +226,27 @@ class FakeSlack:
             bot_name=bot_name,
             clock=clock,
         )
+        """The raw workspace state (users, channels, history); prefer the helpers below."""
+        self.calls: list[RecordedCall] = []
+        """Every Web API request received, in arrival order."""
+
+        self._seq = 0
+        self._rng = random.Random(seed)
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._faults = Faults()
+        self._deliverer = Deliverer(
+            self, rng=self._rng, notify=self._notify, spawn=self._spawn, next_id=self._next_seq
+        )
+        self._responses = ResponseUrls(self.workspace, self._notify)
         self._webapi = WebApi(
             self.workspace,
             team_name=team_name,
-            socket_url=self._issue_socket_url,
+            socket_url=self._deliverer.issue_socket_url,
             on_bot_change=self._on_bot_change,
             stream_idle_timeout=lambda: self.stream_idle_timeout,
         )
-
-        self.calls: list[RecordedCall] = []
-        """Every Web API request received, in arrival order."""
-        self.deliveries: list[Delivery] = []
-        """Everything sent to the app (events, interactions, commands), in order."""
-        self.connections: list[SocketConnection] = []
-        """Every Socket Mode connection ever opened (see ``open_connections``)."""
-        self.response_url_calls: list[ResponseUrlCall] = []
-
-        self._rng = random.Random(seed)
-        self._seq = 0
-        self._faults: list[Fault] = []
-        self._hooks: list[RequestHook] = []
-        self._tickets: set[str] = set()
-        self._sockets: dict[int, tuple[web.WebSocketResponse, web.Request]] = {}
-        self._attempts_by_envelope: dict[str, DeliveryAttempt] = {}
-        self._response_targets: dict[str, _ResponseTarget] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._changed = asyncio.Event()
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._base_url: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -360,8 +257,8 @@ class FakeSlack:
             return self
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/api/{method}", self._handle_api)
-        app.router.add_get("/link/", self._handle_socket)
-        app.router.add_post("/response/{url_id}", self._handle_response_url)
+        app.router.add_get("/link/", self._deliverer.handle_socket)
+        app.router.add_post("/response/{url_id}", self._responses.handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
@@ -370,22 +267,19 @@ class FakeSlack:
         self._runner = runner
         self._port = int(port)
         self._base_url = f"http://{host}:{port}"
-        self._session = aiohttp.ClientSession()
+        self._deliverer.start(self._base_url)
+        self._responses.base_url = self._base_url
         return self
 
     async def stop(self) -> None:
-        """Close every connection and stop the server."""
-        for task in list(self._tasks):
+        """Cancel background work, close every connection and stop the server."""
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for ws, _request in list(self._sockets.values()):
-            with contextlib.suppress(Exception):
-                await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY, message=b"server shutdown")
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._deliverer.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -422,6 +316,7 @@ class FakeSlack:
 
     @property
     def supported_methods(self) -> list[str]:
+        """Web API methods the fake implements (others answer ``unknown_method``, and are recorded)."""
         return self._webapi.methods
 
     # ------------------------------------------------------------------ workspace
@@ -444,7 +339,6 @@ class FakeSlack:
             display_name=display_name,
             real_name=real_name,
             is_bot=is_bot,
-            bot_id=None,
             deleted=deleted,
             tz=tz,
         )
@@ -486,10 +380,11 @@ class FakeSlack:
         return self.workspace.add_usergroup(handle, [_user_id(m) for m in members], group_id=group_id)
 
     def channel(self, ref: str | Channel) -> Channel:
-        """A channel by id, name or ``#name``."""
+        """A channel by id, name or ``#name``; ``KeyError`` if none."""
         return self._channel(ref)
 
     def user(self, ref: str | User) -> User:
+        """A user by id; ``KeyError`` if none."""
         return self._user(ref)
 
     def seed_message(
@@ -503,13 +398,12 @@ class FakeSlack:
         blocks: list[JsonDict] | None = None,
         metadata: JsonDict | None = None,
     ) -> Message:
-        """Store a message without delivering any event (history that predates the test, or arrived while
-        the bot was down). ``bot=True`` stores it as posted by this app."""
+        """Store a message without delivering any event (history that predates the test, or that arrived
+        while the bot was down). ``bot=True`` stores it as posted by this app (e.g. with outbox metadata)."""
         if not bot and user is None:
             raise ValueError("seed_message needs user=... or bot=True")
-        ch = self._channel(channel)
         message = self.workspace.store(
-            ch,
+            self._channel(channel),
             text=text,
             user=None if user is None else self._user(user).id,
             bot=bot,
@@ -529,9 +423,8 @@ class FakeSlack:
         include_deleted: bool = False,
     ) -> list[Message]:
         """Stored messages of a channel, oldest first; with ``thread_ts``: the parent and its replies."""
-        ch = self._channel(channel)
         result: list[Message] = []
-        for message in self.workspace.history[ch.id]:
+        for message in self.workspace.history[self._channel(channel).id]:
             if message.deleted and not include_deleted:
                 continue
             if thread_ts is not None:
@@ -553,7 +446,7 @@ class FakeSlack:
     def bot_messages(
         self, channel: str | Channel | None = None, *, thread_ts: str | None = None
     ) -> list[Message]:
-        """Live messages posted by this app (across channels unless ``channel`` is given), oldest first."""
+        """Live messages posted by this app (in every channel unless ``channel`` is given), oldest first."""
         channels = [self._channel(channel)] if channel is not None else list(self.workspace.channels.values())
         found = [
             m for ch in channels for m in self.messages(ch, thread_ts=thread_ts) if m.bot_id == self.bot_id
@@ -575,7 +468,7 @@ class FakeSlack:
         self.message(channel, ts).streaming = False
         self._notify()
 
-    # ------------------------------------------------------------------ recorded calls
+    # ------------------------------------------------------------------ recorded traffic
 
     def calls_to(self, method: str) -> list[RecordedCall]:
         """Recorded calls of one Web API method (e.g. ``"chat.postMessage"``)."""
@@ -587,6 +480,29 @@ class FakeSlack:
 
     def clear_calls(self) -> None:
         self.calls.clear()
+
+    @property
+    def deliveries(self) -> list[Delivery]:
+        """Everything sent to the app (events, interactions, commands), in order."""
+        return self._deliverer.deliveries
+
+    def deliveries_of(self, event_type: str) -> list[Delivery]:
+        """Events API deliveries whose inner event has this ``type`` (``"message"``, ``"app_mention"``...)."""
+        return [d for d in self.deliveries if d.event_type == event_type]
+
+    @property
+    def connections(self) -> list[SocketConnection]:
+        """Every Socket Mode connection ever opened (see :attr:`open_connections`)."""
+        return self._deliverer.connections
+
+    @property
+    def open_connections(self) -> list[SocketConnection]:
+        return self._deliverer.open_connections
+
+    @property
+    def response_url_calls(self) -> list[ResponseUrlCall]:
+        """Every POST apps made to a ``response_url`` handed out by :meth:`click` / :meth:`slash_command`."""
+        return self._responses.calls
 
     # ------------------------------------------------------------------ faults and hooks
 
@@ -603,8 +519,9 @@ class FakeSlack:
 
         ``status=429`` (default) is Slack's HTTP 429 with ``Retry-After`` and ``{"ok": false, "error":
         "ratelimited"}``; ``status=200`` is the HTTP-200 ``ok: false`` variant some transports produce.
+        ``times=None`` keeps limiting until ``fault.cancel()``.
         """
-        return self._add_fault(method, times, "ratelimited", status, retry_after, False, match)
+        return self._add_fault(Fault(method, times, "ratelimited", status, retry_after, False, match))
 
     def fail(
         self,
@@ -621,7 +538,7 @@ class FakeSlack:
         ``after_effect=True`` applies the effect first (the message is stored) and still answers the error: the
         "uncertain outcome" case an outbox has to reconcile.
         """
-        return self._add_fault(method, times, error, status, None, after_effect, match)
+        return self._add_fault(Fault(method, times, error, status, None, after_effect, match))
 
     def on_request(
         self,
@@ -634,12 +551,13 @@ class FakeSlack:
     ) -> RequestHook:
         """Run ``hook(call)`` at the moment a call of ``method`` (``"*"``: any) arrives.
 
-        ``when="before"`` runs before the effect (and before token checks); ``"after_effect"`` runs after the
-        method succeeded and changed the workspace, before the response is written. The hook (sync or
-        async) may return :data:`DROP` (no response at all), a :class:`Respond`, or ``None`` to carry on.
+        ``when="before"`` runs before the effect (and before token checks); ``"after_effect"`` runs once the
+        method succeeded and changed the workspace, before the response is written. The hook (sync or async)
+        may return :data:`DROP` (no response at all), a :class:`Respond`, or ``None`` to carry on.
+        ``times=None`` fires on every matching call until ``hook.remove()``.
         """
         registered = RequestHook(method=method, when=when, func=hook, remaining=times, match=match)
-        self._hooks.append(registered)
+        self._faults.hooks.append(registered)
         return registered
 
     def kill_on(
@@ -652,10 +570,10 @@ class FakeSlack:
         match: Callable[[RecordedCall], bool] | None = None,
         sig: int = signal.SIGKILL,
     ) -> RequestHook:
-        """SIGKILL ``pid`` when a call of ``method`` arrives, then drop the connection (no response).
+        """SIGKILL ``pid`` when a call of ``method`` arrives, wait until it is dead, then drop the connection.
 
         ``after_effect=True``: after the effect is applied (e.g. the message is stored); ``False``: before.
-        ``pid`` may be a callable, read when the hook fires (for processes started later).
+        ``pid`` may be a callable, read when the hook fires (for processes started or restarted later).
         """
 
         async def _kill(call: RecordedCall) -> HookResult:
@@ -685,12 +603,7 @@ class FakeSlack:
 
     def clear_faults(self) -> None:
         """Disarm every fault and hook."""
-        for fault in self._faults:
-            fault.cancel()
-        for hook in self._hooks:
-            hook.remove()
         self._faults.clear()
-        self._hooks.clear()
 
     # ------------------------------------------------------------------ user actions
 
@@ -709,7 +622,8 @@ class FakeSlack:
         """A human posts: store the message, then deliver ``message`` (and ``app_mention`` if the text
         contains ``<@BOT>``, with a different ``event_id``) to the app, without waiting for acks.
 
-        Nothing is delivered if the bot is not a member of the channel or ``deliver=False``.
+        Nothing is delivered if the bot is not a member of the channel or ``deliver=False``. DMs get no
+        ``app_mention`` (as on Slack). Posting in a public channel makes the user a member.
         """
         ch = self._channel(channel)
         author = self._user(user)
@@ -733,9 +647,9 @@ class FakeSlack:
                     events.reverse()
                 elif order == "random":
                     self._rng.shuffle(events)
-            deliveries = [self._new_delivery("events_api", self._wrap_event(e)) for e in events]
+            deliveries = [self._deliverer.new_delivery("events_api", self._wrap_event(e)) for e in events]
             for delivery in deliveries:
-                await self._send_attempt(delivery, 0, None)
+                await self._deliverer.send(delivery, 0, None)
         self._notify()
         return UserPost(message, deliveries)
 
@@ -746,14 +660,14 @@ class FakeSlack:
         ch = self._channel(channel)
         message = self.message(ch, ts)
         self.workspace.edit(message, text=text, blocks=None, metadata=None, by=message.user, via="user_edit")
-        return await self._deliver_event_if(deliver, ch, message_changed_event(self.workspace, ch, message))
+        return await self._deliver_event(deliver, ch, message_changed_event(self.workspace, ch, message))
 
     async def user_deletes(self, channel: str | Channel, ts: str, *, deliver: bool = True) -> Delivery | None:
         """A human deletes a message: delivered as a hidden ``message_deleted`` event."""
         ch = self._channel(channel)
         message = self.message(ch, ts)
         message.deleted = True
-        return await self._deliver_event_if(deliver, ch, message_deleted_event(self.workspace, ch, message))
+        return await self._deliver_event(deliver, ch, message_deleted_event(self.workspace, ch, message))
 
     async def deliver(
         self,
@@ -770,15 +684,16 @@ class FakeSlack:
         ``event_id``), an interactive payload (``block_actions``, ``view_submission``...) or a Socket Mode
         envelope. ``retry_num`` defaults to the number of earlier attempts (0 for new items): Slack's retries
         carry 1..3 with ``retry_reason`` (default ``"timeout"`` in Socket Mode, ``"http_timeout"`` over HTTP).
+        ``connection`` pins a Socket Mode connection (default: a random open one, as Slack does).
         """
         if isinstance(item, Delivery):
             delivery = item
         else:
             kind, payload = self._classify(item)
-            delivery = self._new_delivery(kind, payload)
+            delivery = self._deliverer.new_delivery(kind, payload)
         num = len(delivery.attempts) if retry_num is None else retry_num
-        reason = (retry_reason or self._retry_reason("timed_out")) if num > 0 else None
-        return await self._send_attempt(delivery, num, reason, connection)
+        reason = (retry_reason or self._deliverer.retry_reason("timed_out")) if num > 0 else None
+        return await self._deliverer.send(delivery, num, reason, connection)
 
     async def click(
         self,
@@ -812,14 +727,13 @@ class FakeSlack:
             "type": element.get("type", "button"),
             "action_ts": f"{time.time():.6f}",
         }
-        if "text" in element:
-            action["text"] = element["text"]
+        for key in ("text", "style"):
+            if key in element:
+                action[key] = element[key]
         chosen = value if value is not None else element.get("value")
         if chosen is not None:
             action["value"] = chosen
-        if "style" in element:
-            action["style"] = element["style"]
-        url_id, response_url = self._new_response_url(ch.id, message.ts, clicker.id, message.thread_ts)
+        url_id, response_url = self._responses.issue(ch.id, message.ts, clicker.id)
         trigger_id = new_trigger_id()
         payload = block_actions_payload(
             self.workspace,
@@ -844,7 +758,7 @@ class FakeSlack:
         """A human runs a slash command (``"/deploy"``); the ack may carry a response payload."""
         ch = self._channel(channel)
         caller = self._user(user)
-        url_id, response_url = self._new_response_url(ch.id, None, caller.id, None)
+        url_id, response_url = self._responses.issue(ch.id, None, caller.id)
         trigger_id = new_trigger_id()
         payload = slash_command_payload(
             self.workspace,
@@ -857,11 +771,7 @@ class FakeSlack:
         )
         return await self._interact("slash_commands", payload, url_id, response_url, trigger_id, wait)
 
-    # ------------------------------------------------------------------ socket mode control
-
-    @property
-    def open_connections(self) -> list[SocketConnection]:
-        return [c for c in self.connections if c.open]
+    # ------------------------------------------------------------------ Socket Mode control
 
     async def disconnect(
         self,
@@ -873,46 +783,24 @@ class FakeSlack:
         """Send a Socket Mode ``disconnect`` frame (``refresh_requested``, ``warning``, ``link_disabled``...)
         to one connection or all, and close it after ``close_after`` seconds unless the client did."""
         targets = [connection] if connection is not None else self.open_connections
-        frame = {"type": "disconnect", "reason": reason, "debug_info": {"host": self._debug_host}}
-        for conn in targets:
-            entry = self._sockets.get(conn.id)
-            if entry is None:
-                continue
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await entry[0].send_str(json.dumps(frame))
-            if close_after is not None:
-                self._spawn(self._close_later(conn, close_after, reason))
+        await self._deliverer.disconnect(targets, reason, close_after)
 
     async def drop_connections(self, connection: SocketConnection | None = None) -> None:
         """Abort Socket Mode connections without a close handshake (a network failure)."""
-        targets = [connection] if connection is not None else self.open_connections
-        for conn in targets:
-            entry = self._sockets.get(conn.id)
-            if entry is None:
-                continue
-            conn.close_reason = "dropped"
-            transport = entry[1].transport
-            if transport is not None:
-                transport.abort()
-            else:
-                await entry[0].close()
+        await self._deliverer.drop([connection] if connection is not None else self.open_connections)
 
     # ------------------------------------------------------------------ HTTP mode helpers
 
     def sign(self, body: bytes, timestamp: int | None = None) -> dict[str, str]:
         """``X-Slack-Request-Timestamp`` / ``X-Slack-Signature`` headers for ``body``."""
-        ts = int(time.time()) if timestamp is None else timestamp
-        return {
-            "X-Slack-Request-Timestamp": str(ts),
-            "X-Slack-Signature": sign(self.signing_secret, ts, body),
-        }
+        return self._deliverer.sign_headers(body, timestamp)
 
     async def post_to_app(
         self,
         body: bytes | str | JsonDict,
         *,
         url: str | None = None,
-        content_type: str | None = None,
+        content_type: str = "application/json",
         signature: SignatureMode = "valid",
         timestamp: int | None = None,
         headers: dict[str, str] | None = None,
@@ -924,18 +812,19 @@ class FakeSlack:
         """
         if isinstance(body, dict):
             raw = json.dumps(body).encode()
-            ctype = content_type or "application/json"
         else:
             raw = body.encode() if isinstance(body, str) else body
-            ctype = content_type or "application/json"
-        sent_headers = {"Content-Type": ctype, "User-Agent": SLACK_USER_AGENT}
+        sent = {"Content-Type": content_type, "User-Agent": SLACK_USER_AGENT}
         if signature != "missing":
             signed = self.sign(raw, timestamp)
             if signature == "invalid":
                 signed["X-Slack-Signature"] = "v0=" + "0" * 64
-            sent_headers.update(signed)
-        sent_headers.update(headers or {})
-        return await self._post(url or self._require_url("request_url", self.request_url), raw, sent_headers)
+            sent.update(signed)
+        sent.update(headers or {})
+        target = url or self.request_url
+        if target is None:
+            raise RuntimeError("set fake.request_url (the app's URL) or pass url=")
+        return await self._deliverer.post(target, raw, sent)
 
     async def verify_url(self, url: str | None = None) -> bool:
         """Send Slack's ``url_verification`` challenge; True if the app echoed it."""
@@ -955,12 +844,12 @@ class FakeSlack:
     async def wait_for(
         self,
         predicate: Callable[[], _T | None],
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
         *,
         description: str | None = None,
     ) -> _T:
         """Wait until ``predicate()`` is truthy and return its value (re-checked on every change of the fake
-        and at least every 20 ms); ``TimeoutError`` otherwise."""
+        and at least every 20 ms, so it may also watch state outside the fake); ``TimeoutError`` otherwise."""
         deadline = time.monotonic() + timeout
         while True:
             value = predicate()
@@ -981,9 +870,10 @@ class FakeSlack:
         contains: str | None = None,
         from_bot: bool | None = True,
         predicate: Callable[[Message], bool] | None = None,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> Message:
-        """The first stored (live) message that matches; by default one posted by the bot."""
+        """The first stored live message that matches (already present or arriving); by default one posted by
+        the bot. ``from_bot=None`` matches anyone."""
 
         def find() -> Message | None:
             channels = (
@@ -1000,7 +890,9 @@ class FakeSlack:
                     return message
             return None
 
-        return await self.wait_for(find, timeout, description=f"message contains={contains!r} in {channel}")
+        return await self.wait_for(
+            find, timeout, description=f"a message containing {contains!r} in {channel}"
+        )
 
     async def wait_for_call(
         self,
@@ -1008,9 +900,9 @@ class FakeSlack:
         *,
         count: int = 1,
         predicate: Callable[[RecordedCall], bool] | None = None,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> RecordedCall:
-        """Wait until ``count`` matching calls of ``method`` were answered; return the ``count``-th."""
+        """Wait until ``count`` matching calls of ``method`` were answered (or dropped); return the last one."""
 
         def find() -> RecordedCall | None:
             matching = [
@@ -1025,7 +917,7 @@ class FakeSlack:
     async def wait_for_connection(
         self,
         count: int = 1,
-        timeout: float = 5.0,  # noqa: ASYNC109
+        timeout: float = 5.0,
     ) -> SocketConnection:
         """Wait until ``count`` Socket Mode connections are open; return the newest."""
 
@@ -1056,88 +948,35 @@ class FakeSlack:
         self._seq += 1
         return self._seq
 
-    @property
-    def _debug_host(self) -> str:
-        return f"fake-slack-{self._port}"
-
     def _channel(self, ref: str | Channel) -> Channel:
         return self.workspace.channel(ref.id if isinstance(ref, Channel) else ref)
 
     def _user(self, ref: str | User) -> User:
         return self.workspace.user(ref.id if isinstance(ref, User) else ref)
 
-    def _require_url(self, name: str, value: str | None) -> str:
-        if value is None:
-            raise RuntimeError(f"HTTP mode needs fake.{name} (the app's URL)")
-        return value
-
-    def _add_fault(
-        self,
-        method: str,
-        times: int | None,
-        error: str,
-        status: int,
-        retry_after: int | None,
-        after_effect: bool,
-        match: Callable[[RecordedCall], bool] | None,
-    ) -> Fault:
-        fault = Fault(method, times, error, status, retry_after, after_effect, match)
-        self._faults.append(fault)
+    def _add_fault(self, fault: Fault) -> Fault:
+        self._faults.faults.append(fault)
         return fault
-
-    def _take_fault(self, call: RecordedCall, *, after_effect: bool) -> Fault | None:
-        for fault in self._faults:
-            if (
-                not fault.active
-                or fault.after_effect != after_effect
-                or fault.method not in (call.method, "*")
-            ):
-                continue
-            if fault.match is not None and not fault.match(call):
-                continue
-            if fault.remaining is not None:
-                fault.remaining -= 1
-            fault.hits.append(call)
-            return fault
-        return None
-
-    async def _run_hooks(self, call: RecordedCall, when: HookWhen) -> HookResult:
-        for hook in self._hooks:
-            if not hook.active or hook.when != when or hook.method not in (call.method, "*"):
-                continue
-            if hook.match is not None and not hook.match(call):
-                continue
-            if hook.remaining is not None:
-                hook.remaining -= 1
-            hook.fired.append(call)
-            result = hook.func(call)
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await result
-            if isinstance(result, (DropConnection, Respond)):
-                return result
-        return None
 
     # ------------------------------------------------------------------ Web API endpoint
 
     async def _handle_api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
         try:
-            args, token, content_type = await _parse_api_request(request)
+            args, token, content_type = await parse_api_request(request)
         except ValueError:
             call = self._record(request, method, {}, None, "json")
             return self._finish(call, 200, {"ok": False, "error": "invalid_json"}, "error")
         call = self._record(request, method, args, token, content_type)
 
-        hooked = await self._run_hooks(call, "before")
+        hooked = await self._faults.run_hooks(call, "before")
         if hooked is not None:
             return self._hook_response(request, call, hooked)
-
         try:
             self._check_auth(method, token)
         except SlackError as exc:
             return self._finish(call, 200, exc.body(), "error")
-
-        fault = self._take_fault(call, after_effect=False)
+        fault = self._faults.take_fault(call, after_effect=False)
         if fault is not None:
             return self._fault_response(call, fault)
 
@@ -1148,11 +987,10 @@ class FakeSlack:
         call.effect_applied = applied
         self._notify()
 
-        hooked = await self._run_hooks(call, "after_effect")
+        hooked = await self._faults.run_hooks(call, "after_effect")
         if hooked is not None:
             return self._hook_response(request, call, hooked)
-
-        fault = self._take_fault(call, after_effect=True)
+        fault = self._faults.take_fault(call, after_effect=True)
         if fault is not None:
             return self._fault_response(call, fault)
         return self._finish(call, 200, body, "ok")
@@ -1204,11 +1042,10 @@ class FakeSlack:
         return web.json_response(body, status=status, headers=headers)
 
     def _fault_response(self, call: RecordedCall, fault: Fault) -> web.Response:
-        headers: dict[str, str] = {}
-        if fault.retry_after is not None:
-            headers["Retry-After"] = str(fault.retry_after)
+        headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
+        outcome: CallOutcome
         if fault.error == "ratelimited":
-            outcome: CallOutcome = "ratelimited"
+            outcome = "ratelimited"
         else:
             outcome = "error" if fault.status == 200 else "http_error"
         return self._finish(call, fault.status, {"ok": False, "error": fault.error}, outcome, headers)
@@ -1222,7 +1059,7 @@ class FakeSlack:
             request.transport.abort()
         return web.Response(status=200)
 
-    # ------------------------------------------------------------------ bot echo events
+    # ------------------------------------------------------------------ events
 
     def _on_bot_change(self, change: BotChange, message: Message) -> None:
         if not self.echo_bot_events:
@@ -1234,17 +1071,15 @@ class FakeSlack:
             event = message_changed_event(self.workspace, ch, message)
         else:
             event = message_deleted_event(self.workspace, ch, message)
-        self._spawn(self._deliver_event_if(True, ch, event))
+        self._spawn(self._deliver_event(True, ch, event))
 
-    async def _deliver_event_if(self, deliver: bool, ch: Channel, event: JsonDict) -> Delivery | None:
+    async def _deliver_event(self, deliver: bool, ch: Channel, event: JsonDict) -> Delivery | None:
         self._notify()
         if not deliver or self.bot_user_id not in ch.members:
             return None
-        delivery = self._new_delivery("events_api", self._wrap_event(event))
-        await self._send_attempt(delivery, 0, None)
+        delivery = self._deliverer.new_delivery("events_api", self._wrap_event(event))
+        await self._deliverer.send(delivery, 0, None)
         return delivery
-
-    # ------------------------------------------------------------------ deliveries
 
     def _wrap_event(self, event: JsonDict) -> JsonDict:
         event_id = f"Ev{self._next_seq():06d}{secrets.token_hex(2).upper()}"
@@ -1261,139 +1096,11 @@ class FakeSlack:
             return "events_api", item
         if "command" in item and "trigger_id" in item:
             return "slash_commands", item
-        if item_type in (
-            "block_actions",
-            "view_submission",
-            "view_closed",
-            "shortcut",
-            "message_action",
-            "block_suggestion",
-        ):
+        if item_type in _INTERACTIVE_TYPES:
             return "interactive", item
         if isinstance(item_type, str):
             return "events_api", self._wrap_event(item)
         raise ValueError("cannot tell what to deliver: give an event, a payload, an envelope or a Delivery")
-
-    def _new_delivery(self, kind: DeliveryKind, payload: JsonDict) -> Delivery:
-        delivery = Delivery(id=self._next_seq(), kind=kind, payload=payload, _changed=self._notify)
-        self.deliveries.append(delivery)
-        return delivery
-
-    async def _send_attempt(
-        self,
-        delivery: Delivery,
-        retry_num: int,
-        retry_reason: str | None,
-        connection: SocketConnection | None = None,
-    ) -> DeliveryAttempt:
-        now = time.monotonic()
-        attempt = DeliveryAttempt(
-            retry_num=retry_num,
-            retry_reason=retry_reason,
-            transport=self.mode,
-            sent_at=now,
-            deadline=now + self.ack_timeout,
-        )
-        delivery.attempts.append(attempt)
-        if self.mode == "socket":
-            await self._socket_send(delivery, attempt, connection)
-        else:
-            self._spawn(self._http_send(delivery, attempt))
-        self._spawn(self._watch(delivery, attempt))
-        self._notify()
-        return attempt
-
-    async def _socket_send(
-        self, delivery: Delivery, attempt: DeliveryAttempt, connection: SocketConnection | None
-    ) -> None:
-        candidates = [connection] if connection is not None else self.open_connections
-        candidates = [c for c in candidates if c.open and c.id in self._sockets]
-        if not candidates:
-            attempt._settle("no_connection")
-            return
-        conn = self._rng.choice(candidates)
-        frame = envelope(
-            delivery.kind, delivery.payload, retry_num=attempt.retry_num, retry_reason=attempt.retry_reason
-        )
-        attempt.envelope_id = frame["envelope_id"]
-        attempt.connection_id = conn.id
-        self._attempts_by_envelope[frame["envelope_id"]] = attempt
-        try:
-            await self._sockets[conn.id][0].send_str(json.dumps(frame))
-        except (ConnectionError, RuntimeError):
-            attempt._settle("no_connection")
-            return
-        conn.envelopes_sent += 1
-
-    async def _http_send(self, delivery: Delivery, attempt: DeliveryAttempt) -> None:
-        url = (
-            self.request_url
-            if delivery.kind == "events_api"
-            else (self.interactivity_url or self.request_url)
-        )
-        if url is None:
-            attempt._settle("connection_failed")
-            self._notify()
-            return
-        raw, ctype = http_body(delivery.kind, delivery.payload)
-        headers = {"Content-Type": ctype, "User-Agent": SLACK_USER_AGENT, **self.sign(raw)}
-        if attempt.retry_num > 0:
-            headers["X-Slack-Retry-Num"] = str(attempt.retry_num)
-            headers["X-Slack-Retry-Reason"] = attempt.retry_reason or "http_timeout"
-        try:
-            result = await self._post(url, raw, headers)
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            attempt._settle("connection_failed")
-            self._notify()
-            return
-        attempt.http_status = result.status
-        attempt.http_body = result.body
-        attempt.http_headers = result.headers
-        if 200 <= result.status < 300:
-            attempt.acked_at = time.monotonic()
-            with contextlib.suppress(json.JSONDecodeError):
-                parsed = json.loads(result.body) if result.body else None
-                attempt.ack_payload = parsed if isinstance(parsed, dict) else None
-            attempt._settle("acked" if attempt.acked_at <= attempt.deadline else "timed_out")
-        else:
-            attempt._settle("rejected")
-        self._notify()
-
-    async def _post(self, url: str, raw: bytes, headers: dict[str, str]) -> HttpResult:
-        if self._session is None:
-            raise RuntimeError("FakeSlack is not started")
-        timeout = aiohttp.ClientTimeout(total=max(30.0, self.ack_timeout * 2))
-        async with self._session.post(url, data=raw, headers=headers, timeout=timeout) as resp:
-            text = await resp.text()
-            return HttpResult(resp.status, text, {k.lower(): v for k, v in resp.headers.items()})
-
-    async def _watch(self, delivery: Delivery, attempt: DeliveryAttempt) -> None:
-        try:
-            await asyncio.wait_for(attempt._settled.wait(), max(attempt.deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            attempt._settle("timed_out")
-            self._notify()
-        if attempt.outcome == "acked" or not self.auto_retry or delivery.kind != "events_api":
-            return
-        if attempt.retry_num >= 3 or delivery.acked or attempt is not delivery.last_attempt:
-            return
-        if attempt.outcome == "rejected" and attempt.http_headers.get("x-slack-no-retry") == "1":
-            return
-        reason = self._retry_reason(attempt.outcome)
-        delays = self.retry_delays or (0.0,)
-        await asyncio.sleep(delays[min(attempt.retry_num, len(delays) - 1)])
-        if delivery.acked or attempt is not delivery.last_attempt:
-            return
-        await self._send_attempt(delivery, attempt.retry_num + 1, reason)
-
-    def _retry_reason(self, outcome: AttemptOutcome) -> str:
-        if outcome == "timed_out":
-            return "timeout" if self.mode == "socket" else "http_timeout"
-        if outcome == "rejected":
-            return "http_error"
-        if outcome in ("no_connection", "connection_failed"):
-            return "connection_failed"
-        return "unknown_error"
 
     async def _interact(
         self,
@@ -1404,206 +1111,16 @@ class FakeSlack:
         trigger_id: str,
         wait: bool,
     ) -> InteractionResult:
-        delivery = self._new_delivery(kind, payload)
-        attempt = await self._send_attempt(delivery, 0, None)
+        delivery = self._deliverer.new_delivery(kind, payload)
+        attempt = await self._deliverer.send(delivery, 0, None)
         if wait:
             await attempt.wait_settled(self.ack_timeout + 5.0)
         return InteractionResult(
             delivery=delivery,
-            acked=attempt.acked_in_time,
             response_url=response_url,
             trigger_id=trigger_id,
-            _responses=lambda: [c for c in self.response_url_calls if c.url_id == url_id],
+            _responses=lambda: self._responses.calls_for(url_id),
         )
-
-    # ------------------------------------------------------------------ Socket Mode endpoint
-
-    def _issue_socket_url(self) -> str:
-        ticket = secrets.token_hex(16)
-        self._tickets.add(ticket)
-        ws_base = self.base_url.replace("http://", "ws://", 1)
-        return f"{ws_base}/link/?ticket={ticket}&app_id={self.app_id}"
-
-    async def _handle_socket(self, request: web.Request) -> web.StreamResponse:
-        ticket = request.query.get("ticket", "")
-        if ticket not in self._tickets:
-            return web.json_response({"ok": False, "error": "invalid_ticket"}, status=401)
-        ws = web.WebSocketResponse(autoping=True)
-        await ws.prepare(request)
-        conn = SocketConnection(id=self._next_seq(), ticket=ticket, opened_at=time.monotonic())
-        self.connections.append(conn)
-        self._sockets[conn.id] = (ws, request)
-        hello = {
-            "type": "hello",
-            "num_connections": len(self.open_connections),
-            "debug_info": {
-                "host": self._debug_host,
-                "build_number": 1,
-                "approximate_connection_time": 18060,
-            },
-            "connection_info": {"app_id": self.app_id},
-        }
-        self._notify()
-        try:
-            await ws.send_str(json.dumps(hello))
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    self._on_socket_frame(conn, str(msg.data))
-                elif msg.type == aiohttp.WSMsgType.ERROR:
-                    break
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            conn.closed_at = time.monotonic()
-            if conn.close_reason is None:
-                conn.close_reason = "closed"
-            self._sockets.pop(conn.id, None)
-            self._notify()
-        return ws
-
-    def _on_socket_frame(self, conn: SocketConnection, data: str) -> None:
-        try:
-            frame = json.loads(data)
-        except json.JSONDecodeError:
-            frame = {"_unparsed": data}
-        if not isinstance(frame, dict):
-            frame = {"_unparsed": data}
-        conn.frames_received.append(frame)
-        attempt = self._attempts_by_envelope.get(str(frame.get("envelope_id")))
-        if attempt is not None and attempt.acked_at is None:
-            attempt.acked_at = time.monotonic()
-            payload = frame.get("payload")
-            attempt.ack_payload = payload if isinstance(payload, dict) else None
-            attempt._settle("acked" if attempt.acked_at <= attempt.deadline else "timed_out")
-        self._notify()
-
-    async def _close_later(self, conn: SocketConnection, delay: float, reason: str) -> None:
-        await asyncio.sleep(delay)
-        entry = self._sockets.get(conn.id)
-        if entry is not None:
-            conn.close_reason = reason
-            await entry[0].close(code=aiohttp.WSCloseCode.GOING_AWAY, message=reason.encode())
-
-    # ------------------------------------------------------------------ response_url endpoint
-
-    def _new_response_url(
-        self, channel: str, message_ts: str | None, user: str, thread_ts: str | None
-    ) -> tuple[str, str]:
-        url_id = secrets.token_hex(12)
-        self._response_targets[url_id] = _ResponseTarget(channel, message_ts, user, thread_ts)
-        return url_id, f"{self.base_url}/response/{url_id}"
-
-    async def _handle_response_url(self, request: web.Request) -> web.StreamResponse:
-        url_id = request.match_info["url_id"]
-        raw = await request.read()
-        try:
-            body = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            form = parse_qs(raw.decode(errors="replace"))
-            body = json.loads(form["payload"][0]) if "payload" in form else {}
-        if not isinstance(body, dict):
-            body = {}
-        target = self._response_targets.get(url_id)
-        if target is None or target.uses >= RESPONSE_URL_MAX_USES:
-            return self._response_url_done(
-                url_id, body, 404, "rejected", "used_url" if target else "invalid_url"
-            )
-        target.uses += 1
-        applied = self._apply_response(target, body)
-        return self._response_url_done(url_id, body, 200, applied, None)
-
-    def _apply_response(self, target: _ResponseTarget, body: JsonDict) -> str:
-        ws = self.workspace
-        ch = ws.channels[target.channel]
-        text = body.get("text")
-        blocks = body.get("blocks")
-        message = ws.find(ch.id, target.message_ts) if target.message_ts else None
-        if message is not None and _truthy(body.get("delete_original")):
-            message.deleted = True
-            return "deleted"
-        if message is not None and _truthy(body.get("replace_original")):
-            ws.edit(
-                message,
-                text=str(text) if text is not None else "",
-                blocks=blocks if isinstance(blocks, list) else [],
-                metadata=None,
-                by=None,
-                via="response_url",
-                mark_edited=False,
-            )
-            return "replaced"
-        thread_ts = body.get("thread_ts") or None
-        if body.get("response_type") == "in_channel":
-            ws.store(
-                ch,
-                text=str(text or ""),
-                user=None,
-                bot=True,
-                thread_ts=str(thread_ts) if thread_ts else None,
-                blocks=blocks if isinstance(blocks, list) else None,
-            )
-            return "posted"
-        ws.ephemerals.append(
-            Ephemeral(
-                channel=ch.id,
-                user=target.user,
-                text=str(text or ""),
-                blocks=blocks if isinstance(blocks, list) else None,
-                thread_ts=str(thread_ts) if thread_ts else None,
-                ts=ws.clock.next(),
-                via="response_url",
-            )
-        )
-        return "ephemeral"
-
-    def _response_url_done(
-        self, url_id: str, body: JsonDict, status: int, applied: str, error: str | None
-    ) -> web.Response:
-        self.response_url_calls.append(
-            ResponseUrlCall(
-                url_id=url_id, body=body, received_at=time.monotonic(), status=status, applied=applied
-            )
-        )
-        self._notify()
-        if error is not None:
-            return web.Response(status=status, text=error)
-        return web.json_response({"ok": True})
-
-
-# --------------------------------------------------------------------------------------------------------------
-# request parsing
-
-
-async def _parse_api_request(request: web.Request) -> tuple[JsonDict, str | None, str]:
-    """Merge query string and body (JSON, urlencoded or multipart) into one argument dict."""
-    args: dict[str, Any] = dict(request.query)
-    content_type = "query"
-    if request.can_read_body:
-        if request.content_type == "application/json":
-            raw = await request.read()
-            if raw.strip():
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise ValueError("invalid JSON body") from exc
-                if not isinstance(body, dict):
-                    raise ValueError("JSON body is not an object")
-                args.update(body)
-            content_type = "json"
-        else:
-            form = await request.post()
-            for key, value in form.items():
-                if isinstance(value, str):
-                    args[key] = value
-            content_type = "form"
-    token: str | None = None
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        token = auth[7:].strip() or None
-    body_token = args.pop("token", None)
-    if token is None and isinstance(body_token, str) and body_token:
-        token = body_token
-    return parse_arg_values(args), token, content_type
 
 
 def _user_id(ref: str | User) -> str:

@@ -642,7 +642,7 @@ async def test_socket_mode_unacked_envelope_is_retried(
 ) -> None:
     """With process_before_response=True a failing listener means no ack; Slack (the fake) retries."""
     fake = ws.fake
-    fake.ack_timeout = 0.3
+    fake.ack_timeout = 0.5
     fake.auto_retry = True
     fake.retry_delays = (0.0,)
     app = AsyncApp(
@@ -948,3 +948,92 @@ async def test_hooks_can_drop_and_fakes_clean_up(ws: Workspace, client: AsyncWeb
     assert [c.outcome for c in fake.calls_to("auth.test")] == ["dropped", "dropped"]
     fake.clear_faults()
     assert (await client.auth_test())["ok"]
+
+
+async def test_auto_retry_gives_up_after_three_retries(ws: Workspace) -> None:
+    fake = ws.fake
+    fake.auto_retry = True
+    fake.retry_delays = (0.0, 0.0, 0.0)
+    post = await fake.user_posts(ws.general, ws.alice, "nobody is connected")
+    delivery = post.deliveries[0]
+    await fake.wait_for(lambda: len(delivery.attempts) == 4 and all(a.settled for a in delivery.attempts))
+    await asyncio.sleep(0.05)
+    assert len(delivery.attempts) == 4
+    assert [(a.retry_num, a.retry_reason, a.outcome) for a in delivery.attempts] == [
+        (0, None, "no_connection"),
+        (1, "connection_failed", "no_connection"),
+        (2, "connection_failed", "no_connection"),
+        (3, "connection_failed", "no_connection"),
+    ]
+    assert not delivery.acked
+
+
+async def test_dropped_socket_is_seen_as_closed(ws: Workspace, connect_socket: SocketConnector) -> None:
+    fake = ws.fake
+    app, _seen = _recording_app(fake)
+    await connect_socket(app)
+    conn = fake.open_connections[0]
+    await fake.drop_connections()
+    await fake.wait_for(lambda: not conn.open)
+    assert conn.close_reason == "dropped"
+    # slack-sdk notices and reconnects only after its ping_interval (10 s in bolt's handler)
+    post = await fake.user_posts(ws.general, ws.alice, "while the network is down")
+    assert post.deliveries[0].attempts[0].outcome == "no_connection"
+
+
+async def test_posting_to_a_user_id_lands_in_the_dm(ws: Workspace, client: AsyncWebClient) -> None:
+    fake = ws.fake
+    posted = await client.chat_postMessage(channel=ws.alice.id, text="psst")
+    dm = fake.open_dm(ws.alice)
+    assert posted["channel"] == dm.id
+    assert [m.text for m in fake.messages(dm)] == ["psst"]
+    seen = await fake.wait_for_call("chat.postMessage", predicate=lambda c: c.args["channel"] == ws.alice.id)
+    assert seen.ok
+
+
+SOCKET_BOT = """
+import asyncio, os
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_sdk.web.async_client import AsyncWebClient
+
+async def main():
+    client = AsyncWebClient(token=os.environ["SLACK_BOT_TOKEN"], base_url=os.environ["SLACK_API_URL"])
+    app = AsyncApp(client=client)
+
+    @app.event("message")
+    async def pong(event, say):
+        await say(text="pong", thread_ts=event["ts"])
+
+    await AsyncSocketModeHandler(app, os.environ["SLACK_APP_TOKEN"]).start_async()
+
+asyncio.run(main())
+"""
+
+
+async def test_bot_in_another_process_over_socket_mode(ws: Workspace) -> None:
+    fake = ws.fake
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SOCKET_BOT,
+        env={**os.environ, **fake.env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        conn = await fake.wait_for_connection(timeout=20)
+        post = await fake.user_posts(ws.general, ws.alice, "ping")
+        reply = await fake.wait_for_message(ws.general, thread_ts=post.ts, contains="pong", timeout=10)
+        assert reply.thread_ts == post.ts
+        assert post.message_delivery is not None
+        assert post.message_delivery.acked
+        proc.kill()
+        await proc.wait()
+        await fake.wait_for(lambda: not conn.open)
+        later = await fake.user_posts(ws.general, ws.alice, "anyone there?")
+        assert later.deliveries[0].attempts[0].outcome == "no_connection"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
