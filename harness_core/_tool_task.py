@@ -64,19 +64,27 @@ class _Output:
         self.limits = limits
         self.chunks: list[str] = []
         self.size = 0
+        self.dropped_lines = 0  # already dropped while compacting the buffer
+        self.dropped_bytes = 0
         self.dirty = asyncio.Event()
 
     def append(self, text: str) -> None:
         self.chunks.append(text)
         self.size += len(text)
         if self.size > 4 * self.limits.max_bytes:  # keep memory bounded for chatty tools
-            joined, _, _ = _bound("".join(self.chunks), self.limits)
+            joined, lines, size = _bound("".join(self.chunks), self.limits)
+            self.dropped_lines += lines
+            self.dropped_bytes += size
             self.chunks = [joined]
             self.size = len(joined)
         self.dirty.set()
 
     def retained(self) -> str:
         return _bound("".join(self.chunks), self.limits)[0]
+
+    def bounded(self) -> tuple[str, int, int]:
+        text, lines, size = _bound("".join(self.chunks), self.limits)
+        return text, lines + self.dropped_lines, size + self.dropped_bytes
 
 
 def _result_entry(
@@ -345,9 +353,17 @@ async def _execute(
 
     content: list[TextContent | ImageContent]
     diagnostics: list[dict[str, Any]] = []
-    retained = output.retained()
+    retained, dropped_lines, dropped_bytes = output.bounded()
     if result.content is None:
         content = [TextContent(text=retained)] if retained else []
+        if dropped_lines or dropped_bytes:
+            diagnostics.append(
+                {
+                    "severity": "warn",
+                    "message": f"Output truncated: {dropped_lines} lines, {dropped_bytes} bytes dropped",
+                    "code": "truncated",
+                }
+            )
     elif isinstance(result.content, str):
         content = [TextContent(text=result.content)]
     else:

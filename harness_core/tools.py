@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -222,7 +222,7 @@ def _build_tool(
     api_param: str | None = None
     for param in signature.parameters.values():
         annotation = hints.get(param.name, Any)
-        if annotation is ToolApi:
+        if annotation is ToolApi or ToolApi in get_args(annotation):
             api_param = param.name
             continue
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):

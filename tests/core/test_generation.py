@@ -1,0 +1,364 @@
+"""The generation task: retries, overflow, steering, hooks, partials, system prompt, compaction, usage."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from harness_core import (
+    CORE_ASSISTANT,
+    CORE_COMPACTION,
+    CORE_SYSTEM,
+    AgentChange,
+    CompactionSettings,
+    Extension,
+    HarnessSettings,
+    Input,
+    LiveDoc,
+    ModelRef,
+    RetrySettings,
+    TaskRuntime,
+    UsageDoc,
+    hook,
+    section,
+    tool,
+)
+from harness_core.messages import AssistantMessage, SystemMessage, ToolResultMessage, UserMessage, user_text
+from harness_core.models import ModelRequest
+from harness_core.models.faux import faux_assistant, faux_error, faux_tool_call
+
+from .helpers import FAUX, open_harness
+
+FAST_RETRY = HarnessSettings(retry=RetrySettings(base_delay_ms=1, max_delay_ms=20))
+
+
+def users(request: ModelRequest) -> list[str]:
+    return [user_text(m) for m in request.messages if isinstance(m, UserMessage)]
+
+
+async def assistant_entries(root: Any) -> list[AssistantMessage]:
+    page = await root.entries(limit=200, order="asc")
+    return [
+        m
+        for e in page.items
+        if e.kind == CORE_ASSISTANT
+        for m in e.model or ()
+        if isinstance(m, AssistantMessage)
+    ]
+
+
+async def test_retryable_error_is_retried_durably_then_succeeds() -> None:
+    harness, faux = await open_harness(
+        responses=[
+            faux_error("overloaded", retryable=True),
+            faux_error("503", retryable=True, retry_after_ms=5),
+        ],
+        responder=lambda _r: faux_assistant("finally"),
+        settings=FAST_RETRY,
+    )
+    root = await harness.root(agent=FAUX)
+    settled = await (await root.submit(Input("hi"))).wait()
+    assert settled.status == "done"
+    stored = await assistant_entries(root)
+    assert [m.stop_reason for m in stored] == ["error", "error", "stop"]
+    # Error attempts are kept but never sent back to the model.
+    assert all(not any(isinstance(m, AssistantMessage) for m in r.messages) for r in faux.requests)
+    await harness.close()
+
+
+async def test_retries_are_exhausted_then_model_error() -> None:
+    harness, faux = await open_harness(
+        responder=lambda _r: faux_error("still 503", retryable=True), settings=FAST_RETRY
+    )
+    root = await harness.root(agent=FAUX)
+    settled = await (await root.submit(Input("hi"))).wait()
+    assert (
+        settled.status == "unanswered" and settled.reason == "model_error" and settled.detail == "still 503"
+    )
+    assert len(faux.requests) == 4  # the first attempt and three retries
+    await harness.close()
+
+
+async def test_non_retryable_error_fails_after_one_attempt() -> None:
+    harness, faux = await open_harness(
+        responder=lambda _r: faux_error("invalid api key"), settings=FAST_RETRY
+    )
+    root = await harness.root(agent=FAUX)
+    settled = await (await root.submit(Input("hi"))).wait()
+    assert (settled.status, settled.reason) == ("unanswered", "model_error")
+    assert len(faux.requests) == 1
+    await harness.close()
+
+
+def long_conversation_responder(summary_calls: list[int]) -> Any:
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if request.system_prompt.startswith("You write checkpoint summaries"):
+            summary_calls.append(1)
+            return faux_assistant("SUMMARY of the early talk")
+        return faux_assistant("x" * 400)
+
+    return respond
+
+
+async def test_overflow_compacts_and_retries_once() -> None:
+    summary_calls: list[int] = []
+    normal = long_conversation_responder(summary_calls)
+    overflowed = False
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        nonlocal overflowed
+        if users(request)[-1:] == ["trigger"] and not overflowed:
+            overflowed = True
+            return faux_error("prompt is too long", overflow=True)
+        return normal(request)
+
+    settings = HarnessSettings(
+        compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=150, background_tokens=0),
+        retry=RetrySettings(max_retries=0),
+    )
+    harness, faux = await open_harness(responder=respond, settings=settings)
+    root = await harness.root(agent=FAUX)
+    for i in range(4):
+        await (await root.submit(Input(f"message {i} " + "y" * 200))).wait()
+    settled = await (await root.submit(Input("trigger"))).wait()
+    assert settled.status == "done"  # the overflow retry does not spend the (zero) retry budget
+    assert summary_calls == [1]
+    page = await root.entries(limit=100)
+    assert any(e.kind == CORE_COMPACTION for e in page.items)
+    assert users(faux.requests[-1])[0].startswith("The conversation history before this point was compacted")
+    await harness.close()
+
+
+async def test_second_overflow_fails_the_run() -> None:
+    summary_calls: list[int] = []
+    normal = long_conversation_responder(summary_calls)
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if users(request)[-1:] == ["trigger"]:
+            return faux_error("context length exceeded", overflow=True)
+        return normal(request)
+
+    settings = HarnessSettings(
+        compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=150, background_tokens=0)
+    )
+    harness, _ = await open_harness(responder=respond, settings=settings)
+    root = await harness.root(agent=FAUX)
+    for i in range(4):
+        await (await root.submit(Input(f"message {i} " + "y" * 200))).wait()
+    settled = await (await root.submit(Input("trigger"))).wait()
+    assert (settled.status, settled.reason) == ("unanswered", "model_error")
+    await harness.close()
+
+
+async def test_blocking_compaction_above_threshold_before_the_request() -> None:
+    summary_calls: list[int] = []
+    harness, faux = await open_harness(
+        responder=long_conversation_responder(summary_calls),
+        settings=HarnessSettings(
+            compaction=CompactionSettings(reserve_tokens=300, keep_recent_tokens=200, background_tokens=0)
+        ),
+    )
+    faux.context_window = 900
+    root = await harness.root(agent=FAUX)
+    for i in range(6):
+        assert (await (await root.submit(Input(f"turn {i} " + "z" * 300))).wait()).status == "done"
+    assert summary_calls
+    view = await root.context()
+    assert view.head is not None and view.head.kind == CORE_COMPACTION
+    await harness.close()
+
+
+async def test_manual_compaction_places_summary_as_a_write() -> None:
+    summary_calls: list[int] = []
+    harness, _ = await open_harness(
+        responder=long_conversation_responder(summary_calls),
+        settings=HarnessSettings(compaction=CompactionSettings(keep_recent_tokens=120)),
+    )
+    root = await harness.root(agent=FAUX)
+    for i in range(3):
+        await (await root.submit(Input(f"turn {i} " + "z" * 300))).wait()
+    task_id = await root.compact("focus on decisions")
+    task = await harness.wait_for_task(task_id)
+    assert task.state.outcome is not None and task.state.outcome.status == "completed"
+    submission_id = task.state.outcome.result["submission_id"]
+    placed = await (await harness.submission(submission_id)).wait()  # type: ignore[union-attr]
+    assert placed.status == "done"
+    assert placed.request_id == f"compaction:{task_id}"
+    assert summary_calls == [1]
+    await harness.close()
+
+
+async def test_steer_joins_the_run_after_the_tool_round() -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def wait_here() -> str:
+        """Blocks until released."""
+        await asyncio.wait_for(gate.wait(), 5)
+        return "released"
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if not any(isinstance(m, ToolResultMessage) for m in request.messages):
+            return faux_assistant([faux_tool_call("wait_here", {}, id="w")])
+        return faux_assistant("answer after " + ",".join(users(request)))
+
+    harness, faux = await open_harness(tools=[wait_here], responder=respond)
+    root = await harness.root(agent=FAUX)
+    run = await root.submit(Input("go"))
+    while not (await harness.snapshot(LiveDoc, root.id) or {}).get("tools"):
+        await asyncio.sleep(0.01)
+    steer = await root.submit(Input("also check staging", when_busy="steer"))
+    gate.set()
+    first, second = await run.wait(), await steer.wait()
+    assert first.status == second.status == "done"
+    assert first.answer == second.answer  # the steer settled with the same answer
+    # The steer's message comes after the tool result, in the same run.
+    assert users(faux.requests[-1]) == ["go", "also check staging"]
+    await harness.close()
+
+
+async def test_on_yield_continuation_keeps_the_run_open() -> None:
+    continued = False
+
+    def on_yield(message: AssistantMessage, runtime: TaskRuntime) -> Any:
+        nonlocal continued
+        if not continued:
+            continued = True
+            return {"continue": "and now double check"}
+        return None
+
+    harness, faux = await open_harness(
+        extensions=[Extension("yield", hooks=[hook("core.generation", on_yield=on_yield)])],
+        responder=lambda r: faux_assistant(f"reply to {users(r)[-1]}"),
+    )
+    root = await harness.root(agent=FAUX)
+    settled = await (await root.submit(Input("start"))).wait()
+    answer = await harness.session.storage.entry(settled.answer or 0)
+    assert (
+        answer is not None
+        and answer.model is not None
+        and answer.model[0].text() == "reply to and now double check"
+    )
+    assert len(faux.requests) == 2
+    await harness.close()
+
+
+async def test_before_request_replaces_messages_for_one_request_only() -> None:
+    def drop_secret(request: dict[str, Any], runtime: TaskRuntime) -> dict[str, Any]:
+        return {
+            "messages": [
+                m
+                for m in request["messages"]
+                if not (isinstance(m, UserMessage) and "secret" in user_text(m))
+            ]
+        }
+
+    harness, faux = await open_harness(
+        extensions=[Extension("redact", hooks=[hook("core.generation", before_request=drop_secret)])],
+        responder=lambda r: faux_assistant("ok"),
+    )
+    root = await harness.root(agent=FAUX)
+    await (await root.submit(Input("secret: hunter2"))).wait()
+    await (await root.submit(Input("public"))).wait()
+    assert users(faux.requests[-1]) == ["public"]
+    page = await root.entries(limit=50)
+    assert any(
+        e.model and isinstance(e.model[0], UserMessage) and "hunter2" in user_text(e.model[0])
+        for e in page.items
+    )
+    await harness.close()
+
+
+async def test_partials_are_committed_while_streaming() -> None:
+    harness, faux = await open_harness(
+        responder=lambda _r: faux_assistant("a fairly long streamed answer " * 4)
+    )
+    faux.chunk_size = 4
+    faux.delay_ms = 5
+    root = await harness.root(agent=FAUX)
+    partials: list[str] = []
+
+    def capture(publication: Any) -> None:
+        for doc in publication.docs:
+            if (
+                doc.record.kind == "core.live"
+                and doc.value
+                and doc.value.get("generation", {}).get("message")
+            ):
+                content = doc.value["generation"]["message"]["content"]
+                partials.append("".join(p.get("text", "") for p in content))
+
+    harness.add_publication_listener(capture)
+    await (await root.submit(Input("talk"))).wait()
+    assert len(partials) >= 2
+    assert all(len(a) <= len(b) for a, b in zip(partials, partials[1:], strict=False))
+    assert (await harness.snapshot(LiveDoc, root.id)).get("generation") is None
+    await harness.close()
+
+
+async def test_system_prompt_baseline_then_only_deltas() -> None:
+    harness, faux = await open_harness(
+        extensions=[Extension("style", sections=[section("style", "Be brief.")])],
+        responder=lambda _r: faux_assistant("ok"),
+    )
+    root = await harness.root(
+        agent=AgentChange(model=ModelRef(provider="faux", model_id="m"), instructions="You are ops.")
+    )
+    await (await root.submit(Input("one"))).wait()
+    await (await root.submit(Input("two"))).wait()
+    systems = [e for e in (await root.entries(limit=50, order="asc")).items if e.kind == CORE_SYSTEM]
+    assert len(systems) == 1  # unchanged prompt: nothing appended for the second request
+    assert (
+        faux.requests[0].system_prompt
+        == "<style>\nBe brief.\n</style>\n\n<instructions>\nYou are ops.\n</instructions>"
+    )
+    await root.configure(AgentChange(instructions="You are the on-call bot."))
+    await (await root.submit(Input("three"))).wait()
+    systems = [e for e in (await root.entries(limit=50, order="asc")).items if e.kind == CORE_SYSTEM]
+    assert len(systems) == 2
+    delta = systems[1].model[0]  # type: ignore[index]
+    assert isinstance(delta, SystemMessage) and list(delta.sections) == ["instructions"]
+    assert "on-call" in faux.requests[-1].system_prompt
+    await harness.close()
+
+
+async def test_usage_is_recorded_per_model() -> None:
+    harness, _ = await open_harness(responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    await (await root.submit(Input("one"))).wait()
+    await (await root.submit(Input("two"))).wait()
+    usage = await harness.snapshot(UsageDoc, root.id)
+    assert usage["models"]["faux/faux-1"]["output"] > 0
+    totals = await harness.usage()
+    assert totals["total"].output == usage["models"]["faux/faux-1"]["output"]
+    fork = await root.fork((await root.entries(limit=1)).items[0].id)
+    assert (await harness.snapshot(UsageDoc, fork.id)) == {"models": {}, "tools": {}}
+    await harness.close()
+
+
+async def test_conversation_abort_withdraws_and_aborts_the_run() -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def hang() -> str:
+        """Never returns until released."""
+        await gate.wait()
+        return "late"
+
+    harness, _ = await open_harness(
+        tools=[hang], responder=lambda r: faux_assistant([faux_tool_call("hang", {}, id="h")])
+    )
+    root = await harness.root(agent=FAUX)
+    running = await root.submit(Input("go"))
+    queued = await root.submit(Input("later"))
+    while not (await harness.snapshot(LiveDoc, root.id) or {}).get("tools"):
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(root.abort(), 5)
+    assert (await running.wait()).reason == "aborted"
+    assert (await queued.wait()).reason == "aborted"
+    live = await harness.snapshot(LiveDoc, root.id)
+    assert "run" not in live
+    page = await root.entries(limit=20)
+    results = [m for e in page.items for m in e.model or () if isinstance(m, ToolResultMessage)]
+    assert results and results[0].is_error and "aborted" in results[0].text()
+    await harness.close()
