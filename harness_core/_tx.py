@@ -282,11 +282,11 @@ class Tx:
             else:
                 # `current`, or an as-of point not stored yet (same commit group): the latest value is the value at it.
                 state = await self._doc_state(address)
-                draft = self._drafts.get(address)
+                pending_draft = self._drafts.get(address)
                 if (
-                    draft is not None
+                    pending_draft is not None
                     and record.fork == "current"
-                    and not _same_json(draft._final(), draft.original)
+                    and not _same_json(pending_draft._final(), pending_draft.original)
                 ):
                     raise InvalidOperation(
                         f"this commit changes {record.kind} of conversation {parent_id} and forks it; "

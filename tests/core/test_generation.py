@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from harness_core import (
@@ -27,7 +28,7 @@ from harness_core.messages import AssistantMessage, SystemMessage, ToolResultMes
 from harness_core.models import ModelRequest
 from harness_core.models.faux import faux_assistant, faux_error, faux_tool_call
 
-from .helpers import FAUX, open_harness
+from .helpers import FAUX, eventually, open_harness
 
 FAST_RETRY = HarnessSettings(retry=RetrySettings(base_delay_ms=1, max_delay_ms=20))
 
@@ -205,8 +206,7 @@ async def test_steer_joins_the_run_after_the_tool_round() -> None:
     harness, faux = await open_harness(tools=[wait_here], responder=respond)
     root = await harness.root(agent=FAUX)
     run = await root.submit(Input("go"))
-    while not (await harness.snapshot(LiveDoc, root.id) or {}).get("tools"):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: _tools_running(harness, root.id))
     steer = await root.submit(Input("also check staging", when_busy="steer"))
     gate.set()
     first, second = await run.wait(), await steer.wait()
@@ -291,7 +291,7 @@ async def test_partials_are_committed_while_streaming() -> None:
     harness.add_publication_listener(capture)
     await (await root.submit(Input("talk"))).wait()
     assert len(partials) >= 2
-    assert all(len(a) <= len(b) for a, b in zip(partials, partials[1:], strict=False))
+    assert all(len(a) <= len(b) for a, b in itertools.pairwise(partials))
     assert (await harness.snapshot(LiveDoc, root.id)).get("generation") is None
     await harness.close()
 
@@ -351,8 +351,7 @@ async def test_conversation_abort_withdraws_and_aborts_the_run() -> None:
     root = await harness.root(agent=FAUX)
     running = await root.submit(Input("go"))
     queued = await root.submit(Input("later"))
-    while not (await harness.snapshot(LiveDoc, root.id) or {}).get("tools"):
-        await asyncio.sleep(0.01)
+    await eventually(lambda: _tools_running(harness, root.id))
     await asyncio.wait_for(root.abort(), 5)
     assert (await running.wait()).reason == "aborted"
     assert (await queued.wait()).reason == "aborted"
@@ -362,3 +361,7 @@ async def test_conversation_abort_withdraws_and_aborts_the_run() -> None:
     results = [m for e in page.items for m in e.model or () if isinstance(m, ToolResultMessage)]
     assert results and results[0].is_error and "aborted" in results[0].text()
     await harness.close()
+
+
+async def _tools_running(harness: Any, conversation_id: int) -> bool:
+    return bool((await harness.snapshot(LiveDoc, conversation_id) or {}).get("tools"))
