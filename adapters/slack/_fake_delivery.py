@@ -101,6 +101,8 @@ class Deliverer:
     ) -> DeliveryAttempt:
         """Start one attempt (returns once sent; the ack is tracked in the background)."""
         settings = self._settings
+        if settings.mode == "http" and self._http_url(delivery) is None:
+            raise RuntimeError("HTTP mode: set fake.request_url (the app's Request URL) before delivering")
         now = time.monotonic()
         attempt = DeliveryAttempt(
             retry_num=retry_num,
@@ -285,11 +287,14 @@ class Deliverer:
             text = await resp.text()
             return HttpResult(resp.status, text, {k.lower(): v for k, v in resp.headers.items()})
 
-    async def _http_send(self, delivery: Delivery, attempt: DeliveryAttempt) -> None:
+    def _http_url(self, delivery: Delivery) -> str | None:
         settings = self._settings
-        url = settings.request_url
-        if delivery.kind != "events_api":
-            url = settings.interactivity_url or url
+        if delivery.kind == "events_api":
+            return settings.request_url
+        return settings.interactivity_url or settings.request_url
+
+    async def _http_send(self, delivery: Delivery, attempt: DeliveryAttempt) -> None:
+        url = self._http_url(delivery)
         if url is None:
             attempt._settle("connection_failed")
             self._notify()
