@@ -267,7 +267,7 @@ class World:
             return (1 << 41) - 1
         return perms
 
-    def _ensure_member(self, channel: FakeChannel, user: FakeUser) -> None:
+    def ensure_member(self, channel: FakeChannel, user: FakeUser) -> None:
         guild = self.guild_of(channel)
         if guild is not None and user.id not in guild.members:
             self.add_member(guild, user)
@@ -771,7 +771,7 @@ class World:
         if component.get("disabled"):
             raise ValueError(f"component {custom_id!r} on message {msg.id} is disabled and cannot be clicked")
         channel = self.channels[msg.channel_id]
-        self._ensure_member(channel, user)
+        self.ensure_member(channel, user)
         record = InteractionRecord(
             id=self.ids.next(),
             token=f"aW50ZXJhY3Rpb24{secrets.token_urlsafe(48)}",

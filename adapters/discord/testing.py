@@ -281,6 +281,15 @@ class FakeDiscord:
         self._world.message_content_granted = value
 
     @property
+    def nonce_window(self) -> float:
+        """Seconds during which ``enforce_nonce`` returns the earlier message (mutable)."""
+        return self._world.nonce_window
+
+    @nonce_window.setter
+    def nonce_window(self, value: float) -> None:
+        self._world.nonce_window = value
+
+    @property
     def old_message_edit_limit(self) -> int:
         return self._world.old_message_edit_limit
 
@@ -356,7 +365,7 @@ class FakeDiscord:
         ch = self.channel(channel)
         if ch.is_dm and ch.recipient is not user:
             raise ValueError(f"{user.username} is not the recipient of DM channel {ch.id}")
-        self._world._ensure_member(ch, user)
+        self._world.ensure_member(ch, user)
         reference = None
         if reply_to is not None:
             target = self.message(reply_to)
@@ -387,7 +396,7 @@ class FakeDiscord:
         """``user`` starts a public thread on ``message``: THREAD_CREATE, then the THREAD_STARTER_MESSAGE
         (type 21) MESSAGE_CREATE in the thread. The thread's id equals the message's id."""
         ch = self.channel(channel)
-        self._world._ensure_member(ch, user)
+        self._world.ensure_member(ch, user)
         thread = self._world.create_thread(ch, self._message_id(message), name=name, owner=user)
         await self._gateway.flush()
         return thread
@@ -487,7 +496,7 @@ class FakeDiscord:
         connected (by a user, or by the bot's previous run: e.g. an approval message with buttons).
         ``age`` back-dates its timestamp (its id still sorts after earlier messages)."""
         ch = self.channel(channel)
-        self._world._ensure_member(ch, author)
+        self._world.ensure_member(ch, author)
         reference = None
         if reply_to is not None:
             target = self.message(reply_to)

@@ -267,7 +267,7 @@ async def test_discord_py_nonce_is_deduplicated_by_enforce_nonce(fake: FakeDisco
         assert [(p.deduplicated, p.effect) for p in posts] == [(False, True), (True, False)]
 
         # Outside the nonce window the same nonce creates a new message.
-        fake.clock.advance(fake._world.nonce_window + 1)
+        fake.clock.advance(fake.nonce_window + 1)
         third = await channel.send("answer for entry 7", nonce="entry-7")
         assert third.id != first.id
         assert len(fake.bot_messages(world.general)) == 2
@@ -503,10 +503,14 @@ class ApproveButton(
         except discord.HTTPException as error:
             self.log.append(("defer failed", error.code))
             return
-        await interaction.followup.send(f"Recorded your approval of gate {self.gate}.", ephemeral=True)
-        await interaction.edit_original_response(
-            content=f"Gate {self.gate}: approved by {member.display_name}", view=None
-        )
+        try:
+            await interaction.followup.send(f"Recorded your approval of gate {self.gate}.", ephemeral=True)
+            await interaction.edit_original_response(
+                content=f"Gate {self.gate}: approved by {member.display_name}", view=None
+            )
+        except discord.HTTPException as error:
+            self.log.append(("follow-up failed", error.code))
+            return
         self.log.append(("done", self.gate))
 
 
@@ -704,3 +708,146 @@ async def test_strict_fake_reports_routes_it_does_not_implement() -> None:
         await call_an_unimplemented_route()
     assert statuses == [404]
     assert [r.path for r in fake.unhandled_requests] == ["/voice/regions"]
+
+
+# --- more interaction response types, selects, DMs, liveness ------------------------------------------------
+
+
+class StyleBot(Bot):
+    """Answers component clicks in the style named by the custom_id (`style:<name>`)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.interaction_data: list[dict[str, Any]] = []
+        self.failures: list[int] = []
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        data = dict(interaction.data or {})
+        self.interaction_data.append(data)
+        style = str(data.get("custom_id", "")).removeprefix("style:")
+        try:
+            if style == "reply":  # type 4, ephemeral
+                await interaction.response.send_message("Only you see this.", ephemeral=True)
+            elif style == "update":  # type 7, edits the clicked message in place
+                await interaction.response.edit_message(content="Decided: yes", view=None)
+            elif style == "think":  # type 5, then the real answer replaces the loading message
+                await interaction.response.defer(thinking=True)
+                await interaction.edit_original_response(content="Thought about it: yes")
+                await interaction.followup.send("And one more thing.")
+            elif style == "pick":  # a select menu
+                await interaction.response.send_message(f"You picked {','.join(data['values'])}")
+        except discord.HTTPException as error:
+            self.failures.append(error.code)
+
+
+def styled(*names: str) -> list[dict[str, object]]:
+    buttons = [{"type": 2, "style": 1, "label": n, "custom_id": f"style:{n}"} for n in names]
+    return [{"type": 1, "components": buttons}]
+
+
+async def test_interaction_response_types_4_5_and_7(fake: FakeDiscord, world: World) -> None:
+    panel = fake.add_message(world.general, fake.bot, "Choose", components=styled("reply", "update", "think"))
+    async with running(StyleBot(intents=intents()), fake.token):
+        reply = await fake.click(panel, "style:reply", world.alice)
+        assert (reply.response_type, reply.ephemeral, reply.content) == (4, True, "Only you see this.")
+        assert reply.original is not None and reply.original.ephemeral_for == world.alice.id
+        assert reply.original not in fake.messages(world.general)
+
+        think = await fake.click(panel, "style:think", world.bob)
+        assert think.response_type == 5 and not think.ephemeral
+        await fake.wait_for(lambda: len(think.followups) == 1, what="the follow-up")
+        assert think.content == "Thought about it: yes" and think.original is not None
+        assert think.original.edits[0].content == ""  # the "thinking..." placeholder was replaced
+        assert [m.content for m in fake.bot_messages(world.general)][-2:] == [
+            "Thought about it: yes",
+            "And one more thing.",
+        ]
+
+        update = await fake.click(panel, "style:update", world.alice)
+        assert update.response_type == 7 and update.content == "Decided: yes"
+        assert panel.content == "Decided: yes" and panel.components == []
+        with pytest.raises(ValueError, match="no component"):
+            await fake.click(panel, "style:reply", world.alice)  # the buttons are gone
+
+
+async def test_interaction_tokens_expire_after_15_minutes(fake: FakeDiscord, world: World) -> None:
+    ApproveButton.log = []
+    gate = fake.add_message(world.general, fake.bot, "gate 5", components=gate_components(5))
+    fake.on_request(
+        "POST", "/webhooks/{application_id}/{interaction_token}", lambda _: fake.clock.advance(901), times=1
+    )
+    async with running(GateBot(intents=intents()), fake.token):
+        click = await fake.click(gate, "approve:5", world.alice)
+        await fake.wait_for(
+            lambda: fake.calls("POST", "/webhooks/{a}/{t}") != [], what="the follow-up attempt"
+        )
+        followup = await fake.wait_for_request("POST", "/webhooks/{a}/{t}")
+        assert click.answered_in_time
+        assert followup.status == 401 and followup.response["code"] == 50027
+        await fake.wait_for(
+            lambda: ("follow-up failed", 50027) in ApproveButton.log, what="the bot to see 50027"
+        )
+        assert click.followups == []
+
+
+async def test_select_menu_values_reach_the_bot(fake: FakeDiscord, world: World) -> None:
+    menu = {
+        "type": 3,
+        "custom_id": "style:pick",
+        "options": [{"label": "web-1", "value": "web-1"}, {"label": "web-2", "value": "web-2"}],
+        "min_values": 1,
+        "max_values": 2,
+    }
+    panel = fake.add_message(
+        world.general, fake.bot, "Which hosts?", components=[{"type": 1, "components": [menu]}]
+    )
+    async with running(StyleBot(intents=intents()), fake.token) as bot:
+        choice = await fake.select(panel, "style:pick", world.alice, ["web-1", "web-2"])
+        assert choice.response_type == 4 and choice.content == "You picked web-1,web-2"
+        assert bot.interaction_data[0]["component_type"] == 3
+
+
+async def test_direct_messages(fake: FakeDiscord, world: World) -> None:
+    dm_intents = intents(message_content=False)
+    dm_intents.dm_messages = True
+    async with running(Bot(intents=dm_intents), fake.token) as bot:
+        dm = fake.dm_channel(world.alice)
+        await fake.user_sends(dm, world.alice, "psst, deploy web-2")
+        await fake.wait_for(lambda: bot.received != [], what="the DM")
+        incoming = bot.received[0]
+        assert isinstance(incoming.channel, discord.DMChannel)
+        assert incoming.content == "psst, deploy web-2"  # DMs carry content without MESSAGE_CONTENT
+        await incoming.channel.send("ok")
+        user = await bot.fetch_user(world.bob.id)
+        await user.send("hello bob")  # opens the DM over REST first
+        assert [m.content for m in fake.bot_messages(dm)] == ["ok"]
+        assert [m.content for m in fake.bot_messages(fake.dm_channel(world.bob))] == ["hello bob"]
+
+
+async def test_unacknowledged_heartbeats_make_discord_py_reconnect_and_resume(
+    fake: FakeDiscord, world: World
+) -> None:
+    async with running(Bot(intents=intents(), heartbeat_timeout=0.5), fake.token) as bot:
+        session = await fake.wait_for_session()
+        fake.ack_heartbeats = False  # a zombie connection: the client gives up on it
+        await fake.wait_for(lambda: len(fake.connections) == 2, timeout=10, what="a reconnect")
+        fake.ack_heartbeats = True
+        await fake.wait_for(lambda: session.resumes == 1 and session.connected, what="the RESUME")
+        await fake.user_sends(world.general, world.alice, "still here?")
+        await fake.wait_for(lambda: bot.contents() == ["still here?"], what="delivery after the resume")
+        assert len(fake.sessions) == 1
+
+
+async def test_world_changes_while_connected_are_dispatched(fake: FakeDiscord, world: World) -> None:
+    async with running(Bot(intents=intents(members=True)), fake.token) as bot:
+        guild = bot.get_guild(world.guild.id)
+        assert guild is not None
+        deploys = fake.add_text_channel(world.guild, "deploys")
+        carol = fake.add_user("carol", global_name="Carol")
+        fake.add_member(world.guild, carol, roles=[world.approvers])
+        second = fake.add_guild("Staging")
+        await fake.wait_for(lambda: guild.get_channel(deploys.id) is not None, what="CHANNEL_CREATE")
+        await fake.wait_for(lambda: guild.get_member(carol.id) is not None, what="GUILD_MEMBER_ADD")
+        await fake.wait_for(lambda: bot.get_guild(second.id) is not None, what="GUILD_CREATE")
+        member = guild.get_member(carol.id)
+        assert member is not None and [r.name for r in member.roles] == ["@everyone", "approvers"]
