@@ -105,6 +105,31 @@ ChannelRef = FakeChannel | int
 MessageRef = FakeMessage | int
 
 
+def _process_state(pid: int) -> str | None:
+    """The state letter from /proc/<pid>/stat ("R", "S", "Z", ...), "gone" if it has no entry, or None when
+    there is no /proc (not Linux). Reading /proc does not block."""
+    if not os.path.isdir("/proc/self"):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+    return fields[0] if fields else "gone"
+
+
+async def _wait_until_dead(pid: int, limit: float = 2.0) -> None:
+    """Wait (up to ``limit`` s) until ``pid`` is a zombie or gone, so no response can reach it. Without /proc
+    it returns at once, which is still safe in practice: a SIGKILLed process runs no more user code."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        state = _process_state(pid)
+        if state is None or state in ("gone", "Z", "X", "x"):
+            return
+        await asyncio.sleep(0.002)
+
+
 class UnhandledRequestsError(AssertionError):
     """The bot called REST routes the fake does not implement (raised by a strict fake on exit)."""
 
@@ -635,9 +660,11 @@ class FakeDiscord:
         whether its request succeeded. Requests that applied nothing (errors, dedupes) do not trigger it.
         ``record.killed_pid`` is set on the request that fired."""
 
-        def kill(record: RequestRecord) -> None:
+        async def kill(record: RequestRecord) -> None:
             os.kill(pid, sig)
             record.killed_pid = pid
+            if sig == signal.SIGKILL:
+                await _wait_until_dead(pid)
 
         def applied(record: RequestRecord) -> bool:
             return record.effect and (match is None or match(record))
