@@ -1,0 +1,393 @@
+"""The HTTP providers driven by the harness (respx; no network): every case goes through `submit()`, the
+durable `core.generation` and `core.tool` tasks and storage, and asserts on what the server received."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import respx
+
+from harness_core import (
+    CORE_ASSISTANT,
+    CORE_COMPACTION,
+    AgentChange,
+    CompactionSettings,
+    ConversationHandle,
+    Entry,
+    Extension,
+    Harness,
+    HarnessSettings,
+    Input,
+    LiveDoc,
+    ModelRef,
+    Models,
+    ProgressSettings,
+    ProviderDoc,
+    Registry,
+    RetrySettings,
+    UsageDoc,
+    tool,
+)
+from harness_core._compaction import SUMMARY_SYSTEM_PROMPT
+from harness_core.messages import AssistantMessage
+from harness_core.models._base import HTTPProvider
+from harness_core.storage import MemoryStorage, SqliteStorage, Storage
+
+from .harness_support import (
+    DIALECTS,
+    Call,
+    Dialect,
+    Gate,
+    GatedStream,
+    LiveRecorder,
+    Script,
+    network_chunks,
+    stream_response,
+)
+
+pytestmark = pytest.mark.timeout(10)
+
+
+@pytest.fixture(params=DIALECTS, ids=lambda d: d.name)
+def dialect(request: pytest.FixtureRequest) -> Dialect:
+    value: Dialect = request.param
+    return value
+
+
+@pytest.fixture
+def script(dialect: Dialect) -> Iterator[Script]:
+    script = Script()
+    with respx.mock(assert_all_called=False) as router:
+        router.post(dialect.url).mock(side_effect=script)
+        yield script
+
+
+class Rig:
+    """A harness over one provider, its root conversation, the tool's ledger, and a live recorder."""
+
+    def __init__(self, harness: Harness, root: ConversationHandle, script: Script) -> None:
+        self.harness = harness
+        self.root = root
+        self.script = script
+        self.executed: list[dict[str, Any]] = []
+        self.reports: list[BaseException] = []
+        self.live = LiveRecorder(harness, root.id, script.log)
+
+    async def assistant_entries(self) -> list[AssistantMessage]:
+        out: list[AssistantMessage] = []
+        for entry in await self.all_entries():
+            if entry.kind == CORE_ASSISTANT and entry.model:
+                message = entry.model[0]
+                assert isinstance(message, AssistantMessage)
+                out.append(message)
+        return out
+
+    async def all_entries(self) -> list[Entry]:
+        page = await self.root.entries(limit=200)
+        return list(reversed(page.items))
+
+    async def answer_text(self, entry_id: int | None) -> str:
+        assert entry_id is not None
+        entry = await self.harness.session.storage.entry(entry_id)
+        assert entry is not None and entry.model is not None
+        message = entry.model[0]
+        assert isinstance(message, AssistantMessage)
+        return message.text()
+
+
+OpenRig = Callable[..., Awaitable[Rig]]
+
+
+def fast_settings(**overrides: Any) -> HarnessSettings:
+    settings = HarnessSettings(
+        retry=RetrySettings(base_delay_ms=1),
+        progress=ProgressSettings(partial_interval_ms=5),
+    )
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return settings
+
+
+@pytest.fixture
+async def open_rig(dialect: Dialect, script: Script) -> AsyncIterator[OpenRig]:
+    opened: list[tuple[Harness, HTTPProvider]] = []
+
+    async def open_(settings: HarnessSettings | None = None, storage: Storage | None = None) -> Rig:
+        provider = dialect.provider()
+        executed: list[dict[str, Any]] = []
+
+        @tool
+        async def forecast(city: str, days: int) -> str:
+            """The weather forecast for a city."""
+            executed.append({"city": city, "days": days})
+            return f"{city}: sunny for {days} days"
+
+        registry = Registry()
+        registry.install(Extension("weather", tools=[forecast]))
+        reports: list[BaseException] = []
+        harness = await Harness.open(
+            storage or await MemoryStorage.open(),
+            models=Models(provider),
+            registry=registry,
+            settings=settings or fast_settings(),
+            on_report=reports.append,
+        )
+        opened.append((harness, provider))
+        root = await harness.root(
+            agent=AgentChange(model=ModelRef(provider=dialect.name, model_id=dialect.model_id))
+        )
+        rig = Rig(harness, root, script)
+        rig.executed = executed
+        rig.reports = reports
+        return rig
+
+    yield open_
+    for harness, provider in opened:
+        await harness.close()
+        await provider.aclose()
+
+
+# -- answers ------------------------------------------------------------------------------------------------
+
+
+async def test_plain_answer_and_session_id(dialect: Dialect, script: Script, open_rig: OpenRig) -> None:
+    rig = await open_rig()
+    script.add(stream_response(dialect.text_events("The capital of France ", "is Paris.")))
+    submission = await rig.root.submit(Input("What is the capital of France?", request_id="q-1"))
+    settled = await submission.wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "The capital of France is Paris."
+
+    (body,) = script.requests
+    assert dialect.transcript(body) == [("user", "What is the capital of France?")]
+    assert dialect.tool_names(body) == ["forecast"]
+    assert body["model"] == dialect.model_id
+    session = (await rig.harness.snapshot(ProviderDoc, rig.root.id))["session_id"]
+    assert session and dialect.session_id(body) == session
+
+    usage = (await rig.harness.snapshot(UsageDoc, rig.root.id))["models"][
+        f"{dialect.name}/{dialect.model_id}"
+    ]
+    assert usage["input"] == 42 and usage["output"] == 7 and usage["cost"] > 0
+    assert rig.reports == []
+
+
+async def test_streamed_answer_commits_partials_before_it_ends(
+    dialect: Dialect, script: Script, open_rig: OpenRig
+) -> None:
+    rig = await open_rig()
+    events = dialect.text_events("Zürich ", "is ", "cold ", "today, ", "bring a coat.")
+    gate = Gate()
+    # Hold the stream after "Zürich is cold " (network chunks split lines and the UTF-8 'ü').
+    cut = dialect.lead + 3
+    body = GatedStream([*network_chunks(events[:cut]), gate, *network_chunks(events[cut:])])
+    script.add(stream_response(body))
+    submission = await rig.root.submit(Input("Weather?"))
+    await rig.live.partial("Zürich is cold ")
+    assert (await submission.status()).status == "placed"  # the answer is still streaming
+    gate.open()
+    settled = await submission.wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "Zürich is cold today, bring a coat."
+    # Every committed partial extends the previous one, and the live partial is gone once answered.
+    assert all(b.startswith(a) for a, b in zip(rig.live.partials, rig.live.partials[1:], strict=False))
+    live = await rig.harness.snapshot(LiveDoc, rig.root.id)
+    assert "generation" not in live and "run" not in live
+    assert body.closed
+
+
+# -- tools ----------------------------------------------------------------------------------------------------
+
+
+async def test_two_parallel_tool_calls_with_fragmented_arguments(
+    dialect: Dialect, script: Script, open_rig: OpenRig, tmp_path: Path
+) -> None:
+    rig = await open_rig(storage=await SqliteStorage.open(tmp_path / "tools.sqlite"))
+    first = Call(dialect.call_ids[0], "forecast", {"city": "Zürich", "days": 3})
+    second = Call(dialect.call_ids[1], "forecast", {"city": 'Oslo "Fornebu"', "days": 10})
+    script.add(
+        stream_response(dialect.tool_call_events([first, second], fragment=3)),
+        stream_response(dialect.text_events("Sunny in Zürich ", "and at Fornebu.")),
+    )
+    submission = await rig.root.submit(Input("Weather in Zürich and Oslo?", request_id="w-1"))
+    settled = await submission.wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "Sunny in Zürich and at Fornebu."
+
+    # Both tools ran once each, with exactly the arguments the model streamed in fragments.
+    assert sorted(rig.executed, key=lambda c: c["city"]) == [
+        {"city": 'Oslo "Fornebu"', "days": 10},
+        {"city": "Zürich", "days": 3},
+    ]
+    assert len(script.requests) == 2
+    sent = dialect.transcript(script.requests[1])
+    assert sent[:3] == [
+        ("user", "Weather in Zürich and Oslo?"),
+        ("call", first.id, "forecast", first.arguments),
+        ("call", second.id, "forecast", second.arguments),
+    ]
+    # Each result is mapped to its own call, after the calls.
+    assert sorted(sent[3:]) == sorted(
+        [
+            ("result", first.id, "Zürich: sunny for 3 days", False),
+            ("result", second.id, 'Oslo "Fornebu": sunny for 10 days', False),
+        ]
+    )
+    kinds = [e.kind for e in await rig.all_entries()]
+    assert kinds.count("core.tool-result") == 2 and kinds.count(CORE_ASSISTANT) == 2
+
+
+# -- retries --------------------------------------------------------------------------------------------------
+
+
+async def test_429_with_retry_after_is_retried_durably(
+    dialect: Dialect, script: Script, open_rig: OpenRig
+) -> None:
+    # A base delay of a minute: the test only finishes in time if the server's retry-after (50 ms) is used.
+    rig = await open_rig(fast_settings(retry=RetrySettings(base_delay_ms=60_000, max_delay_ms=60_000)))
+    script.add(dialect.rate_limited(50), stream_response(dialect.text_events("Recovered.")))
+    submission = await rig.root.submit(Input("Hello?"))
+    settled = await submission.wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "Recovered."
+
+    failed, answered = await rig.assistant_entries()
+    assert failed.stop_reason == "error" and failed.error is not None
+    assert failed.error.status == 429 and failed.error.retryable and failed.error.retry_after_ms == 50
+    assert "rate limit" in failed.error.message.lower()
+    assert answered.stop_reason == "stop"
+    # The retry was committed (core.live generation.retry) before the request was sent again...
+    assert [e[0] for e in script.log] == ["request", "retry", "request"]
+    _, at, error = script.log[1]
+    assert "429" in error and at > 0
+    # ...and the resent request does not carry the failed attempt.
+    assert script.requests[1]["messages"] == script.requests[0]["messages"]
+
+
+async def test_500_then_success(dialect: Dialect, script: Script, open_rig: OpenRig) -> None:
+    rig = await open_rig()
+    script.add(dialect.server_error(), stream_response(dialect.text_events("Second time lucky.")))
+    settled = await (await rig.root.submit(Input("Hello?"))).wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "Second time lucky."
+    failed, _ = await rig.assistant_entries()
+    assert failed.error is not None and failed.error.status == 500 and failed.error.retryable
+    assert [e[0] for e in script.log] == ["request", "retry", "request"]
+    assert script.requests[1]["messages"] == script.requests[0]["messages"]
+
+
+async def test_retries_are_bounded(dialect: Dialect, script: Script, open_rig: OpenRig) -> None:
+    rig = await open_rig(fast_settings(retry=RetrySettings(max_retries=2, base_delay_ms=1)))
+    script.add(dialect.server_error(), dialect.server_error(), dialect.server_error())
+    settled = await (await rig.root.submit(Input("Hello?"))).wait()
+    assert settled.status == "unanswered" and settled.reason == "model_error"
+    assert settled.detail is not None and "500" in settled.detail
+    assert len(script.requests) == 3
+
+
+async def test_overflow_compacts_then_retries_outside_the_retry_budget(
+    dialect: Dialect, script: Script, open_rig: OpenRig
+) -> None:
+    # One retry allowed: the request after the compaction fails with a 500 and is still retried, so the
+    # overflow retry did not use the budget.
+    rig = await open_rig(
+        fast_settings(
+            retry=RetrySettings(max_retries=1, base_delay_ms=1),
+            compaction=CompactionSettings(keep_recent_tokens=1),
+        )
+    )
+    summary = "Goal: geography quiz. Facts: the capital of France is Paris."
+    script.add(
+        stream_response(dialect.text_events("Paris.")),
+        dialect.overflow(),
+        stream_response(dialect.text_events(summary)),
+        dialect.server_error(),
+        stream_response(dialect.text_events("Berlin.")),
+    )
+    first = await (await rig.root.submit(Input("Capital of France?"))).wait()
+    assert first.status == "done"
+    settled = await (await rig.root.submit(Input("And of Germany?"))).wait()
+    assert settled.status == "done", settled.detail
+    assert await rig.answer_text(settled.answer) == "Berlin."
+
+    assert len(script.requests) == 5
+    overflowed, summarize, compacted, retried = script.requests[1:]
+    assert dialect.transcript(overflowed) == [
+        ("user", "Capital of France?"),
+        ("assistant", "Paris."),
+        ("user", "And of Germany?"),
+    ]
+    # The harness asked the model for a summary of the older part...
+    assert dialect.system_prompt(summarize) == SUMMARY_SYSTEM_PROMPT
+    ((role, prompt),) = dialect.transcript(summarize)
+    assert role == "user" and "[User]: Capital of France?" in prompt and "[Assistant]: Paris." in prompt
+    assert "And of Germany?" not in prompt
+    # ...and the retried request starts from it.
+    sent = dialect.transcript(compacted)
+    assert len(sent) == 2 and summary in sent[0][1] and sent[1] == ("user", "And of Germany?")
+    assert retried["messages"] == compacted["messages"]
+
+    entries = await rig.all_entries()
+    assert [e.kind for e in entries].count(CORE_COMPACTION) == 1
+    errors = [m.error for m in await rig.assistant_entries() if m.stop_reason == "error"]
+    assert [(e.overflow, e.status) for e in errors if e is not None] == [(True, 400), (False, 500)]
+
+
+# -- failures that must not hang ---------------------------------------------------------------------------
+
+
+async def test_malformed_sse_line_leaves_the_input_unanswered(
+    dialect: Dialect, script: Script, open_rig: OpenRig
+) -> None:
+    rig = await open_rig()
+    events = dialect.text_events("Fine so far")
+    # A good start, then a line that is not SSE; the server keeps the connection open afterwards.
+    body = GatedStream([*events[: dialect.lead + 1], b"<html>502 Bad Gateway</html>\n\n"], hang=True)
+    script.add(stream_response(body))
+    settled = await (await rig.root.submit(Input("Hello?"))).wait()
+    assert settled.status == "unanswered" and settled.reason == "model_error"
+    assert (
+        settled.detail is not None
+        and "malformed SSE line" in settled.detail
+        and "502 Bad Gateway" in settled.detail
+    )
+    assert body.closed
+    assert len(script.requests) == 1  # not retried: a broken stream format will not fix itself
+    (failed,) = await rig.assistant_entries()
+    assert failed.stop_reason == "error" and failed.error is not None and not failed.error.retryable
+    assert "run" not in await rig.harness.snapshot(LiveDoc, rig.root.id)
+
+
+@pytest.mark.parametrize("how", ["abort_task", "conversation_abort"])
+async def test_abort_mid_stream_closes_the_response(
+    dialect: Dialect, script: Script, open_rig: OpenRig, how: str
+) -> None:
+    rig = await open_rig()
+    events = dialect.text_events("Once upon ", "a time", " there was")
+    # The server stops after "Once upon a time" and keeps the connection open.
+    body = GatedStream(network_chunks(events[: dialect.lead + 2]), hang=True)
+    script.add(stream_response(body), stream_response(dialect.text_events("Sure.")))
+    submission = await rig.root.submit(Input("Tell me a story"))
+    await rig.live.partial("Once upon a time")
+    await body.hanging.wait()
+    if how == "abort_task":
+        live = await rig.harness.snapshot(LiveDoc, rig.root.id)
+        assert await rig.harness.abort_task(int(live["run"]["task_id"])) == "marked"
+    else:
+        await rig.root.abort()
+    settled = await submission.wait()
+    assert settled.status == "unanswered" and settled.reason == "aborted"
+    assert body.closed
+
+    (aborted,) = await rig.assistant_entries()
+    assert aborted.stop_reason == "aborted" and aborted.text() == "Once upon a time"
+    # The aborted partial is kept but never sent again.
+    settled = await (await rig.root.submit(Input("Something short then"))).wait()
+    assert settled.status == "done"
+    assert dialect.transcript(script.requests[1]) == [
+        ("user", "Tell me a story"),
+        ("user", "Something short then"),
+    ]
