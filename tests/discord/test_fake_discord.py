@@ -2,6 +2,9 @@
 
 Every test runs discord.py's own HTTP client, gateway code and parsers against the fake over 127.0.0.1.
 No assertion depends on durations; time-dependent rules are exercised through the fake's clock.
+
+This directory must not get an ``__init__.py``: ``tests/`` is on sys.path, and a regular package
+``tests/discord`` would then shadow discord.py itself.
 """
 
 from __future__ import annotations
