@@ -79,6 +79,7 @@ class FauxProvider:
         context_window: int = 128_000,
         max_tokens: int = 8_192,
         price: ModelPrice | None = None,
+        record_requests: bool = True,
     ) -> None:
         self.name = name
         self.chunk_size = max(1, chunk_size)
@@ -86,6 +87,8 @@ class FauxProvider:
         self.context_window = context_window
         self.max_tokens = max_tokens
         self.price = price or ModelPrice()
+        # Tests read `requests`; long benchmark or demo runs turn it off (each entry is a deep copy).
+        self.record_requests = record_requests
         self.requests: list[ModelRequest] = []
         self._responses: list[Response] = []
         self._responder: Callable[[ModelRequest], AssistantMessage] | None = None
@@ -123,7 +126,8 @@ class FauxProvider:
         return message.model_copy(deep=True)
 
     async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
-        self.requests.append(request.model_copy(deep=True))
+        if self.record_requests:
+            self.requests.append(request.model_copy(deep=True))
         final = self._next(request)
         final.provider = self.name
         final.model = model.id
