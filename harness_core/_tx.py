@@ -168,6 +168,22 @@ class Tx:
                 return entry
         return None
 
+    async def latest_entry(self, conversation_id: int) -> Entry | None:
+        """The newest entry visible in the conversation (fork-aware), as this commit sees it."""
+        for conv, cap in await self.ancestry(conversation_id):
+            pending = [
+                e
+                for layer in (self.local, self._overlay)
+                for e in layer.entries_by_conv.get(conv, [])
+                if cap is None or e.id <= cap
+            ]
+            if pending:
+                return max(pending, key=lambda e: e.id)
+            page = await self._session.storage.scan_entries(conv, max_id=cap, order="desc", limit=1)
+            if page.items:
+                return page.items[0]
+        return None
+
     async def latest_head(self, conversation_id: int, at_or_before: int | None = None) -> Entry | None:
         """The newest visible entry with a head marker (fork-aware)."""
         for conv, cap in await self.ancestry(conversation_id):

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
+from harness_core._inbox import Input, Write, admit
 from harness_core._json import strict_copy
 from harness_core._reconcile import LiveIndex, ordinary_owned_work, reconcile
 from harness_core._scheduler import Blocked, Scheduler
@@ -39,6 +40,7 @@ from harness_core.models import Models
 from harness_core.records import (
     ROOT_CONVERSATION_ID,
     Conversation,
+    Entry,
     Ownerless,
     Ownership,
     Submission,
@@ -341,6 +343,20 @@ class Harness:
             return None
         return migrated(definition, state.version, state.value)
 
+    async def family(self, definition: DocDefinition, scope_id: int | None = None) -> dict[str, Any]:
+        """Every alive document of a family in one scope, by key (creates nothing)."""
+        records = await self.session.storage.scan_documents(
+            scope=definition.scope, scope_id=None if definition.scope == "session" else scope_id, kind=definition.kind
+        )
+        found: dict[str, Any] = {}
+        for record in records:
+            if record.key is None:
+                continue
+            value = await self.snapshot(definition, scope_id, record.key)
+            if value is not None:
+                found[record.key] = value
+        return found
+
     async def snapshot_as_of(
         self, definition: DocDefinition, conversation_id: int, at: int, key: str | None = None
     ) -> Any:
@@ -435,6 +451,10 @@ class Harness:
         )
         tx.put_task(task)
         return task
+
+    async def entry(self, entry_id: int) -> Entry | None:
+        """A stored entry by id (any conversation)."""
+        return await self.session.storage.entry(entry_id)
 
     async def get_task(self, task_id: int) -> Task | None:
         return await self.session.read_task(task_id)
@@ -703,6 +723,11 @@ class Harness:
         return {"models": totals["models"], "tools": totals["tools"], "total": total}
 
     # --- submissions --------------------------------------------------------------------------------------------
+
+    async def submit_in(self, tx: Tx, conversation_id: int, draft: Input | Write) -> Submission:
+        """Admit a submission inside an existing commit, so other writes (e.g. a delivery record) land with
+        it atomically. Same rules as `ConversationHandle.submit`; call `resume()` afterwards."""
+        return await admit(self, tx, conversation_id, draft)
 
     async def submission(self, submission_id: int) -> SubmissionHandle | None:
         record = await self.session.storage.submission(submission_id)

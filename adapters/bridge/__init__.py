@@ -1,0 +1,44 @@
+"""The platform bridge: places to conversations, exactly-once intake, reconciled delivery, streaming,
+approval gates and scheduling, shared by the Slack, Discord and devchat adapters."""
+
+from adapters.bridge.approvals import ApprovalPolicy, Decision
+from adapters.bridge.bridge import Bridge
+from adapters.bridge.docs import ApprovalDoc, MessageDoc, PlaceDoc, PlaceOfDoc, ReplyDoc
+from adapters.bridge.governor import RateGovernor
+from adapters.bridge.intake import IntakeResult
+from adapters.bridge.model import (
+    BridgeConfig,
+    ChannelPolicy,
+    EditExpired,
+    IncomingMessage,
+    MessageGone,
+    Place,
+    RetryLater,
+    TransportError,
+)
+from adapters.bridge.text import split_text
+from adapters.bridge.transport import GateView, Transport
+
+__all__ = [
+    "ApprovalDoc",
+    "ApprovalPolicy",
+    "Bridge",
+    "BridgeConfig",
+    "ChannelPolicy",
+    "Decision",
+    "EditExpired",
+    "GateView",
+    "IncomingMessage",
+    "IntakeResult",
+    "MessageDoc",
+    "MessageGone",
+    "Place",
+    "PlaceDoc",
+    "PlaceOfDoc",
+    "RateGovernor",
+    "ReplyDoc",
+    "RetryLater",
+    "Transport",
+    "TransportError",
+    "split_text",
+]

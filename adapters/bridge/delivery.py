@@ -1,0 +1,255 @@
+"""Delivery, exactly once as far as the platform allows.
+
+Each answered input has a reply record (`bridge.reply`, created with the input). Per message part the worker
+commits the intent (a key) before posting, posts with that key where the platform can echo it back, then
+records the platform message id. After a crash between posting and recording, `Transport.find` locates the
+message by its key before anything is posted again. While the model streams, the message is edited (paced);
+the final render edits the same message(s) and retires the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
+from adapters.bridge.model import EditExpired, MessageGone, Place, RetryLater, TransportError
+from adapters.bridge.text import render_partial, render_unanswered, split_text
+from harness_core import LiveDoc, Tx
+from harness_core.messages import AssistantMessage
+
+if TYPE_CHECKING:
+    from adapters.bridge.bridge import Bridge
+    from adapters.bridge.transport import Transport
+
+log = logging.getLogger("adapters.bridge")
+
+
+def answer_text(message: Any) -> str:
+    if isinstance(message, AssistantMessage):
+        return message.text() or "(no text)"
+    return "(no text)"
+
+
+class ReplyWorker:
+    """Drives one reply from first partial to final render. Owned and joined by `Delivery`."""
+
+    def __init__(self, bridge: Bridge, key: str) -> None:
+        self.bridge = bridge
+        self.key = key
+        self.changed = asyncio.Event()
+        self.changed.set()
+        self.fresh: set[str] = set()  # part keys whose intent this process wrote (nothing posted yet)
+
+    async def run(self) -> None:
+        while True:
+            await self.changed.wait()
+            self.changed.clear()
+            try:
+                if await self.step():
+                    return
+            except RetryLater as exc:
+                await asyncio.sleep(exc.seconds)
+                self.changed.set()
+            except TransportError as exc:
+                log.warning("reply %s: platform error, retrying: %s", self.key, exc)
+                await asyncio.sleep(1.0)
+                self.changed.set()
+
+    async def step(self) -> bool:
+        """Show the current state; True when the reply is final and retired."""
+        harness = self.bridge.harness
+        reply = await harness.snapshot(ReplyDoc, key=self.key)
+        if reply is None:
+            return True
+        target = Place.from_json(reply["target"])
+        transport = self.bridge.transports.get(target.platform)
+        if transport is None:
+            return True  # another process (with that adapter) delivers it
+        handle = await harness.submission(int(self.key))
+        if handle is None:
+            return True
+        submission = handle.record
+        final = submission.status in ("done", "unanswered")
+        answer_entry: int | None = None
+        if submission.status == "done":
+            answer_entry = submission.answer
+            delivered = await harness.snapshot(DeliveredDoc, key=str(answer_entry))
+            if delivered and not reply.get("parts"):
+                await self.finish(reply, target, None, [])  # a steer answered by another input's reply
+                return True
+            entry = await harness.entry(answer_entry or 0)
+            text = answer_text(entry.model[0] if entry and entry.model else None)
+        elif submission.status == "unanswered":
+            if submission.reason == "aborted" and not reply.get("parts"):
+                await self.finish(reply, target, None, [])  # withdrawn before anything was shown
+                return True
+            text = render_unanswered(submission.reason, submission.detail)
+        else:
+            live = await harness.snapshot(LiveDoc, int(reply["conversation_id"])) or {}
+            run = live.get("run") or {}
+            if not run.get("inputs") or int(run["inputs"][0]) != submission.id:
+                return False  # queued behind another run: nothing to show yet
+            text = render_partial(live, await self.pending_approval_tools(int(reply["conversation_id"])))
+        parts = split_text(text, transport.max_chars)
+        ids = await self.show(transport, target, reply, parts, final=final)
+        if final:
+            await self.finish(reply, target, answer_entry, ids)
+            return True
+        return False
+
+    async def pending_approval_tools(self, conversation_id: int) -> list[str]:
+        return [
+            gate["tool"]
+            for gate in self.bridge.approvals.pending_in(conversation_id)
+            if gate.get("status") == "pending"
+        ]
+
+    async def show(
+        self, transport: Transport, target: Place, reply: dict[str, Any], texts: list[str], *, final: bool
+    ) -> list[str]:
+        parts: list[dict[str, Any]] = list(reply.get("parts", []))
+        ids: list[str] = []
+        for index, text in enumerate(texts):
+            if index >= len(parts):
+                part_key = f"reply:{self.key}#{index}"
+                await self.record_part(index, {"key": part_key, "message_id": None})
+                self.fresh.add(part_key)
+                parts.append({"key": part_key, "message_id": None})
+            part = parts[index]
+            message_id = part.get("message_id")
+            if message_id is None and part["key"] not in self.fresh:
+                message_id = await transport.find(target, part["key"])
+                if message_id is not None:
+                    await self.record_part(index, {**part, "message_id": message_id})
+            if message_id is None:
+                await self.bridge.governor(target.platform).acquire(f"post:{target.channel}", interval=0.0)
+                # From here the platform may hold the message even if we never hear back: reconcile first.
+                self.fresh.discard(part["key"])
+                message_id = await transport.create(target, text, part["key"])
+                self.bridge.shown[message_id] = text
+                await self.record_part(index, {**part, "message_id": message_id})
+            elif self.bridge.shown.get(message_id) != text:
+                if not final:
+                    await self.bridge.governor(target.platform).acquire(
+                        f"edit:{message_id}", interval=transport.edit_interval
+                    )
+                try:
+                    await transport.edit(target, message_id, text, part["key"], final=final)
+                except (MessageGone, EditExpired):
+                    # Continue in a new message; the old one keeps what it showed.
+                    new_key = f"{part['key']}+"
+                    await self.record_part(index, {"key": new_key, "message_id": None})
+                    message_id = await transport.create(target, text, new_key)
+                    await self.record_part(index, {"key": new_key, "message_id": message_id})
+                self.bridge.shown[message_id] = text
+            ids.append(message_id)
+        return ids
+
+    async def record_part(self, index: int, part: dict[str, Any]) -> None:
+        async def commit(tx: Tx) -> None:
+            doc = await tx.doc(ReplyDoc, key=self.key, seed={})
+            parts = list(doc.value.get("parts", []))
+            if index < len(parts):
+                parts[index] = part
+            else:
+                parts.append(part)
+            doc.value["parts"] = parts
+
+        await self.bridge.harness.commit(commit)
+
+    async def finish(
+        self, reply: dict[str, Any], target: Place, answer_entry: int | None, ids: list[str]
+    ) -> None:
+        conversation_id = int(reply["conversation_id"])
+        source = reply.get("source")
+
+        async def commit(tx: Tx) -> None:
+            await tx.retire_doc(ReplyDoc, key=self.key)
+            if answer_entry is None or not ids:
+                return
+            delivered = await tx.doc(DeliveredDoc, key=str(answer_entry), seed={})
+            delivered.value = {"message_ids": ids, "target": target.to_json()}
+            for message_id in ids:
+                doc = await tx.doc(MessageDoc, key=target.message_key(message_id), seed={})
+                doc.value = {"conversation_id": conversation_id, "entry_id": answer_entry}
+            if target.thread is not None and source == target.thread:
+                # Answered inside the thread of the asking message: a thread there shows this answer.
+                asked = await tx.doc(MessageDoc, key=target.message_key(source), seed={})
+                asked.value["thread_answer"] = answer_entry
+                place = await tx.doc(PlaceDoc, key=target.key, seed={})
+                place.value["engaged"] = True
+
+        await self.bridge.harness.commit(commit)
+
+
+class Delivery:
+    """Owns one worker per reply still to be shown; every worker is awaited or cancelled at stop()."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self.active: set[str] = set()  # reply keys with a live record
+        self.workers: dict[str, tuple[ReplyWorker, asyncio.Task[None]]] = {}
+        self.by_conversation: dict[int, set[str]] = {}
+        self.stopping = False
+
+    def track(self, key: str, conversation_id: int | None) -> None:
+        self.active.add(key)
+        if conversation_id is not None:
+            self.by_conversation.setdefault(conversation_id, set()).add(key)
+
+    def untrack(self, key: str) -> None:
+        self.active.discard(key)
+        for keys in self.by_conversation.values():
+            keys.discard(key)
+
+    def kick(self, key: str) -> None:
+        if self.stopping or key not in self.active:
+            return
+        existing = self.workers.get(key)
+        if existing is not None and not existing[1].done():
+            existing[0].changed.set()
+            return
+        worker = ReplyWorker(self.bridge, key)
+        task = asyncio.get_running_loop().create_task(self._run(worker), name=f"bridge-reply-{key}")
+        self.workers[key] = (worker, task)
+
+    def kick_conversation(self, conversation_id: int) -> None:
+        for key in list(self.by_conversation.get(conversation_id, ())):
+            self.kick(key)
+
+    async def _run(self, worker: ReplyWorker) -> None:
+        try:
+            await worker.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # keep the bridge alive; the record stays and is retried on the next kick
+            log.exception("reply %s failed: %s", worker.key, exc)
+        finally:
+            current = self.workers.get(worker.key)
+            if current is not None and current[0] is worker:
+                del self.workers[worker.key]
+
+    async def stop(self) -> None:
+        self.stopping = True
+        tasks = [task for _, task in self.workers.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait until no reply worker is running (tests and graceful shutdown)."""
+        while self.workers:
+            await asyncio.gather(*(task for _, task in list(self.workers.values())), return_exceptions=True)
+
+
+async def load_active(bridge: Bridge) -> list[str]:
+    """Reply and approval records still alive in storage (work a previous process did not finish)."""
+    keys: list[str] = []
+    for key, value in (await bridge.harness.family(ReplyDoc)).items():
+        bridge.delivery.track(key, int(value.get("conversation_id", 0)) or None)
+        keys.append(key)
+    for key, value in (await bridge.harness.family(ApprovalDoc)).items():
+        bridge.approvals.track(key, value)
+    return keys

@@ -1,0 +1,113 @@
+"""Intake, exactly once: every human message becomes a submission keyed by the message's identity, committed
+(with its delivery record) before the platform is acknowledged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from adapters.bridge.docs import MessageDoc, PlaceDoc, ReplyDoc
+from adapters.bridge.model import IncomingMessage, Place
+from adapters.bridge.places import conversation_for, note_seen
+from harness_core import CORE_USER, EntryDraft, Input, Tx, Write
+from harness_core.messages import UserMessage
+
+if TYPE_CHECKING:
+    from adapters.bridge.bridge import Bridge
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    conversation_id: int
+    submission_id: int | None
+    outcome: Literal["answering", "recorded", "duplicate", "ignored"]
+
+
+def attributed(message: IncomingMessage) -> str:
+    return f"{message.user_name}: {message.text}"
+
+
+async def addressed(tx: Tx, bridge: Bridge, message: IncomingMessage) -> bool:
+    policy = bridge.config.policy(message.place)
+    if message.is_dm:
+        return bridge.config.answer_dms
+    if policy.answer == "all" or (policy.answer == "mentions" and message.mentions_bot):
+        return True
+    if message.place.thread is not None:
+        # A thread the bot is part of (it answered there, or the thread hangs off its answer) needs no mention.
+        place = await tx.snapshot(PlaceDoc, key=message.place.key)
+        if place and place.get("engaged"):
+            return True
+        parent = await tx.snapshot(MessageDoc, key=message.place.message_key(message.place.thread))
+        return bool(
+            parent and (parent.get("entry_id") is not None or parent.get("thread_answer") is not None)
+        )
+    return False
+
+
+async def intake(bridge: Bridge, message: IncomingMessage) -> IntakeResult:
+    harness = bridge.harness
+
+    async def commit(tx: Tx) -> IntakeResult:
+        conversation_id, _ = await conversation_for(tx, message.place, bridge.agent)
+        existing = await tx.submission_by_request(conversation_id, message.request_id)
+        if existing is not None:
+            return IntakeResult(conversation_id, existing.id, "duplicate")
+        await note_seen(tx, message.place, message.message_id)
+        answer = await addressed(tx, bridge, message)
+        policy = bridge.config.policy(message.place)
+        if answer:
+            submission = await harness.submit_in(
+                tx,
+                conversation_id,
+                Input(attributed(message), request_id=message.request_id, when_busy="followUp"),
+            )
+            target = message.place
+            if target.thread is None and policy.reply_in_thread and not message.is_dm:
+                target = target.in_thread(message.message_id)
+            await tx.doc(
+                ReplyDoc,
+                key=str(submission.id),
+                seed={
+                    "conversation_id": conversation_id,
+                    "target": target.to_json(),
+                    "source": message.message_id,
+                    "requester": {"user_id": message.user_id, "user_name": message.user_name},
+                    "parts": [],
+                },
+            )
+            outcome: Literal["answering", "recorded"] = "answering"
+            if message.place.thread is not None:
+                place = await tx.doc(PlaceDoc, key=message.place.key, seed={})
+                place.value["engaged"] = True
+        elif policy.record_unaddressed or message.place.thread is not None:
+            note = EntryDraft(
+                kind=CORE_USER, model=[UserMessage(content=attributed(message), timestamp=tx.now)]
+            )
+            submission = await harness.submit_in(
+                tx, conversation_id, Write(note, request_id=message.request_id)
+            )
+            outcome = "recorded"
+        else:
+            return IntakeResult(conversation_id, None, "ignored")
+        await tx.doc(
+            MessageDoc,
+            key=message.request_id,
+            seed={
+                "conversation_id": conversation_id,
+                "submission_id": submission.id,
+                "user_id": message.user_id,
+                "user_name": message.user_name,
+            },
+        )
+        return IntakeResult(conversation_id, submission.id, outcome)
+
+    result = await harness.commit(commit)
+    if result.outcome == "answering":
+        harness.resume()
+    return result
+
+
+async def last_seen(bridge: Bridge, place: Place) -> str | None:
+    doc = await bridge.harness.snapshot(PlaceDoc, key=place.key)
+    return None if doc is None else doc.get("last_seen")

@@ -1,0 +1,83 @@
+"""Turning harness state into chat text: answers, streaming partials with tool status, long-text splitting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+FENCE = "```"
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Split into parts of at most `limit` characters on safe boundaries: paragraph, line, then word. A part
+    never ends inside a code fence: an open fence is closed and reopened in the next part."""
+    if limit < 16:
+        raise ValueError("limit too small")
+    parts: list[str] = []
+    rest = text
+    while len(rest) > limit:
+        budget = limit - len(FENCE) - 1  # room to close a fence
+        cut = _best_cut(rest, budget)
+        head, rest = rest[:cut], rest[cut:]
+        if head.count(FENCE) % 2 == 1:
+            opener = head[head.rfind(FENCE) :].split("\n", 1)[0]  # e.g. ```python
+            head = head.rstrip("\n") + "\n" + FENCE
+            rest = opener + "\n" + rest.lstrip("\n")
+        parts.append(head.rstrip())
+        rest = rest.lstrip("\n") if not rest.startswith(FENCE) else rest
+    if rest.strip() or not parts:
+        parts.append(rest)
+    return parts
+
+
+def _best_cut(text: str, budget: int) -> int:
+    window = text[:budget]
+    for separator in ("\n\n", "\n", " "):
+        index = window.rfind(separator)
+        if index > budget // 2:
+            return index + len(separator)
+    return budget
+
+
+def message_text(message: dict[str, Any] | None) -> str:
+    if not message:
+        return ""
+    return "".join(part.get("text", "") for part in message.get("content", []) if part.get("type") == "text")
+
+
+def render_partial(live: dict[str, Any], approvals_pending: list[str]) -> str:
+    """What a streaming reply shows: the text so far, then tool status lines."""
+    lines: list[str] = []
+    text = message_text((live.get("generation") or {}).get("message"))
+    if text:
+        lines.append(text + " …")
+    for slot in live.get("tools", []):
+        status = slot.get("status")
+        if status == "done":
+            continue
+        name = slot.get("name", "tool")
+        if name in approvals_pending:
+            lines.append(f"⏸️ `{name}` is waiting for approval")
+        elif status == "running":
+            lines.append(f"⚙️ running `{name}`…")
+        else:
+            lines.append(f"⏳ `{name}` queued")
+    retry = (live.get("generation") or {}).get("retry")
+    if retry:
+        lines.append("↻ the model is busy; retrying shortly")
+    if not lines:
+        lines.append("…")
+    return "\n".join(lines)
+
+
+UNANSWERED = {
+    "no_model": "I have no model configured.",
+    "model_error": "The model failed",
+    "aborted": "Stopped.",
+    "faulted": "Something broke while answering",
+    "reset": "The conversation was reset before I answered.",
+}
+
+
+def render_unanswered(reason: str | None, detail: str | None) -> str:
+    base = UNANSWERED.get(reason or "", f"I could not answer ({reason})")
+    return f"⚠️ {base}: {detail}" if detail and not base.endswith(".") else f"⚠️ {base}"

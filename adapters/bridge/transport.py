@@ -1,0 +1,57 @@
+"""What a platform adapter implements for the bridge: post and edit messages (with a durable key the
+platform can echo back for reconciliation), render approval requests, read history for catch-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from adapters.bridge.model import IncomingMessage, Place
+
+
+@dataclass(frozen=True)
+class GateView:
+    """An approval request as the platform shows it."""
+
+    gate_id: int
+    tool: str
+    arguments: dict[str, Any]
+    requester_id: str | None
+    requester_name: str | None
+    status: str  # pending | approved | denied | expired
+    decided_by: str | None
+    decided_at: int | None
+    expires_at: int
+
+
+@runtime_checkable
+class Transport(Protocol):
+    platform: str
+    max_chars: int  # longest message text the platform accepts
+    edit_interval: float  # seconds between edits of one streaming message
+
+    async def create(self, target: Place, text: str, key: str) -> str:
+        """Post a message into `target` (a channel, or a thread when `target.thread` is set) carrying `key`
+        where `find` can see it (message metadata, a nonce). Returns the platform message id."""
+        ...
+
+    async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
+        """Replace the text of a message this bot posted."""
+        ...
+
+    async def find(self, target: Place, key: str) -> str | None:
+        """The id of a message this bot posted into `target` with `key`, if any (reconciliation after a crash
+        between posting and recording)."""
+        ...
+
+    async def post_approval(self, target: Place, gate: GateView, key: str) -> str:
+        """Post an approval request with Approve/Deny buttons encoding `gate.gate_id`."""
+        ...
+
+    async def update_approval(self, target: Place, message_id: str, gate: GateView) -> None:
+        """Show the decision (who, when) and remove the buttons."""
+        ...
+
+    async def history(self, place: Place, after: str | None) -> list[IncomingMessage]:
+        """Human messages in `place` newer than message `after` (oldest first), for startup catch-up."""
+        ...
