@@ -13,11 +13,27 @@ from typing import Any
 
 import httpx
 
-from harness_core import Harness, Publication
+from harness_core import (
+    CORE_ASSISTANT,
+    AgentChange,
+    ConversationHandle,
+    Entry,
+    Extension,
+    Harness,
+    HarnessSettings,
+    ModelRef,
+    Models,
+    ProgressSettings,
+    Publication,
+    Registry,
+    RetrySettings,
+    tool,
+)
 from harness_core.messages import AssistantMessage
 from harness_core.models._base import HTTPProvider
 from harness_core.models.anthropic import AnthropicProvider
 from harness_core.models.openai import OpenAIProvider
+from harness_core.storage import MemoryStorage, Storage
 
 from .support import SSE_HEADERS, split_every, sse_data, sse_events
 
@@ -444,3 +460,94 @@ class LiveRecorder:
         event = asyncio.Event()
         self._waiters.append((text, event))
         await event.wait()
+
+
+class Rig:
+    """A harness over one provider, its root conversation, the tool's ledger, and a live recorder."""
+
+    def __init__(self, harness: Harness, root: ConversationHandle, script: Script) -> None:
+        self.harness = harness
+        self.root = root
+        self.script = script
+        self.executed: list[dict[str, Any]] = []
+        self.reports: list[BaseException] = []
+        self.live = LiveRecorder(harness, root.id, script.log)
+
+    async def assistant_entries(self) -> list[AssistantMessage]:
+        out: list[AssistantMessage] = []
+        for entry in await self.all_entries():
+            if entry.kind == CORE_ASSISTANT and entry.model:
+                message = entry.model[0]
+                assert isinstance(message, AssistantMessage)
+                out.append(message)
+        return out
+
+    async def all_entries(self) -> list[Entry]:
+        page = await self.root.entries(limit=200)
+        return list(reversed(page.items))
+
+    async def answer_text(self, entry_id: int | None) -> str:
+        assert entry_id is not None
+        entry = await self.harness.session.storage.entry(entry_id)
+        assert entry is not None and entry.model is not None
+        message = entry.model[0]
+        assert isinstance(message, AssistantMessage)
+        return message.text()
+
+
+def fast_settings(**overrides: Any) -> HarnessSettings:
+    settings = HarnessSettings(
+        retry=RetrySettings(base_delay_ms=1),
+        progress=ProgressSettings(partial_interval_ms=5),
+    )
+    for key, value in overrides.items():
+        setattr(settings, key, value)
+    return settings
+
+
+class Rigs:
+    """Opens harnesses over one dialect's provider (each with a `forecast` tool recording its executions) and
+    closes them all at the end."""
+
+    def __init__(self, dialect: Dialect, script: Script) -> None:
+        self.dialect = dialect
+        self.script = script
+        self.opened: list[tuple[Harness, HTTPProvider]] = []
+
+    async def __call__(self, settings: HarnessSettings | None = None, storage: Storage | None = None) -> Rig:
+        dialect = self.dialect
+        provider = dialect.provider()
+        executed: list[dict[str, Any]] = []
+
+        @tool
+        async def forecast(city: str, days: int) -> str:
+            """The weather forecast for a city."""
+            executed.append({"city": city, "days": days})
+            return f"{city}: sunny for {days} days"
+
+        registry = Registry()
+        registry.install(Extension("weather", tools=[forecast]))
+        reports: list[BaseException] = []
+        harness = await Harness.open(
+            storage or await MemoryStorage.open(),
+            models=Models(provider),
+            registry=registry,
+            settings=settings or fast_settings(),
+            on_report=reports.append,
+        )
+        self.opened.append((harness, provider))
+        root = await harness.root(
+            agent=AgentChange(model=ModelRef(provider=dialect.name, model_id=dialect.model_id))
+        )
+        rig = Rig(harness, root, self.script)
+        rig.executed = executed
+        rig.reports = reports
+        return rig
+
+    async def aclose(self) -> None:
+        for harness, provider in self.opened:
+            await harness.close()
+            await provider.aclose()
+
+
+OpenRig = Rigs

@@ -3,151 +3,36 @@ durable `core.generation` and `core.tool` tasks and storage, and asserts on what
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import respx
 
 from harness_core import (
     CORE_ASSISTANT,
     CORE_COMPACTION,
-    AgentChange,
     CompactionSettings,
-    ConversationHandle,
-    Entry,
-    Extension,
-    Harness,
-    HarnessSettings,
     Input,
     LiveDoc,
-    ModelRef,
-    Models,
-    ProgressSettings,
     ProviderDoc,
-    Registry,
     RetrySettings,
     UsageDoc,
-    tool,
 )
 from harness_core._compaction import SUMMARY_SYSTEM_PROMPT
-from harness_core.messages import AssistantMessage
-from harness_core.models._base import HTTPProvider
-from harness_core.storage import MemoryStorage, SqliteStorage, Storage
+from harness_core.storage import SqliteStorage
 
 from .harness_support import (
-    DIALECTS,
     Call,
     Dialect,
     Gate,
     GatedStream,
-    LiveRecorder,
+    OpenRig,
     Script,
+    fast_settings,
     network_chunks,
     stream_response,
 )
 
 pytestmark = pytest.mark.timeout(10)
-
-
-@pytest.fixture(params=DIALECTS, ids=lambda d: d.name)
-def dialect(request: pytest.FixtureRequest) -> Dialect:
-    value: Dialect = request.param
-    return value
-
-
-@pytest.fixture
-def script(dialect: Dialect) -> Iterator[Script]:
-    script = Script()
-    with respx.mock(assert_all_called=False) as router:
-        router.post(dialect.url).mock(side_effect=script)
-        yield script
-
-
-class Rig:
-    """A harness over one provider, its root conversation, the tool's ledger, and a live recorder."""
-
-    def __init__(self, harness: Harness, root: ConversationHandle, script: Script) -> None:
-        self.harness = harness
-        self.root = root
-        self.script = script
-        self.executed: list[dict[str, Any]] = []
-        self.reports: list[BaseException] = []
-        self.live = LiveRecorder(harness, root.id, script.log)
-
-    async def assistant_entries(self) -> list[AssistantMessage]:
-        out: list[AssistantMessage] = []
-        for entry in await self.all_entries():
-            if entry.kind == CORE_ASSISTANT and entry.model:
-                message = entry.model[0]
-                assert isinstance(message, AssistantMessage)
-                out.append(message)
-        return out
-
-    async def all_entries(self) -> list[Entry]:
-        page = await self.root.entries(limit=200)
-        return list(reversed(page.items))
-
-    async def answer_text(self, entry_id: int | None) -> str:
-        assert entry_id is not None
-        entry = await self.harness.session.storage.entry(entry_id)
-        assert entry is not None and entry.model is not None
-        message = entry.model[0]
-        assert isinstance(message, AssistantMessage)
-        return message.text()
-
-
-OpenRig = Callable[..., Awaitable[Rig]]
-
-
-def fast_settings(**overrides: Any) -> HarnessSettings:
-    settings = HarnessSettings(
-        retry=RetrySettings(base_delay_ms=1),
-        progress=ProgressSettings(partial_interval_ms=5),
-    )
-    for key, value in overrides.items():
-        setattr(settings, key, value)
-    return settings
-
-
-@pytest.fixture
-async def open_rig(dialect: Dialect, script: Script) -> AsyncIterator[OpenRig]:
-    opened: list[tuple[Harness, HTTPProvider]] = []
-
-    async def open_(settings: HarnessSettings | None = None, storage: Storage | None = None) -> Rig:
-        provider = dialect.provider()
-        executed: list[dict[str, Any]] = []
-
-        @tool
-        async def forecast(city: str, days: int) -> str:
-            """The weather forecast for a city."""
-            executed.append({"city": city, "days": days})
-            return f"{city}: sunny for {days} days"
-
-        registry = Registry()
-        registry.install(Extension("weather", tools=[forecast]))
-        reports: list[BaseException] = []
-        harness = await Harness.open(
-            storage or await MemoryStorage.open(),
-            models=Models(provider),
-            registry=registry,
-            settings=settings or fast_settings(),
-            on_report=reports.append,
-        )
-        opened.append((harness, provider))
-        root = await harness.root(
-            agent=AgentChange(model=ModelRef(provider=dialect.name, model_id=dialect.model_id))
-        )
-        rig = Rig(harness, root, script)
-        rig.executed = executed
-        rig.reports = reports
-        return rig
-
-    yield open_
-    for harness, provider in opened:
-        await harness.close()
-        await provider.aclose()
 
 
 # -- answers ------------------------------------------------------------------------------------------------
