@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from harness_core.messages import AssistantMessage, ErrorInfo
+from harness_core.messages import AssistantMessage, ErrorInfo, ToolCall
 from harness_core.models import ModelInfo, ModelRequest
 
 from ._errors import Classifier, parse_error_payload
@@ -46,6 +46,20 @@ class EventParser(ABC):
 
     @abstractmethod
     def finish(self) -> ErrorInfo | None: ...
+
+
+def unique_call_id(message: AssistantMessage, wanted: str, *, exclude: ToolCall | None = None) -> str:
+    """`wanted`, or `wanted_2`, `wanted_3`, ... when another call of the message already has that id.
+
+    Tool results are paired with their calls by id, so two calls of one message must never share one; some
+    OpenAI-compatible servers and proxies repeat an id across parallel calls (`functions.forecast:0`)."""
+    taken = {call.id for call in message.tool_calls() if call is not exclude}
+    if wanted not in taken:
+        return wanted
+    suffix = 2
+    while f"{wanted}_{suffix}" in taken:
+        suffix += 1
+    return f"{wanted}_{suffix}"
 
 
 def _env(name: str) -> str | None:

@@ -31,10 +31,12 @@ Response mapping: `content_block_start/delta/stop` with `text_delta`, `thinking_
 `input_json_delta` (tool arguments: `partial_json` raw text plus a best-effort partial parse while streaming;
 invalid final JSON → `arguments={}` with the raw text left in `partial_json`, see `_json.py`);
 `redacted_thinking` blocks → `ThinkingContent(thinking="", signature="redacted:" + data)` so they can be sent
-back. `message_start` usage (`input_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`) and
-`message_delta` usage (cumulative `output_tokens`, and any updated input counts) → `Usage`; `stop_reason`
-`end_turn`/`stop_sequence`/`pause_turn` → stop, `max_tokens`/`model_context_window_exceeded` → length, `tool_use`
-→ toolUse, `refusal` → a non-retryable error. `ping` is ignored, an `error` event ends the stream
+back; a `tool_use` id repeated within one response (the API never does this, proxies in front of other models
+may) gets a `_2`, `_3` ... suffix, since results are paired with calls by id. `message_start` usage
+(`input_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`) and `message_delta` usage
+(cumulative `output_tokens`, and any updated input counts) → `Usage`; `stop_reason`
+`end_turn`/`stop_sequence`/`pause_turn` → stop, `max_tokens`/`model_context_window_exceeded` → length,
+`tool_use` → toolUse, `refusal` → a non-retryable error. `ping` is ignored, an `error` event ends the stream
 (`overloaded_error`, `api_error`, `rate_limit_error` retryable). The stream is complete at `message_stop` (or at
 EOF after a `message_delta` stop reason); an EOF before that is a retryable "stream cut".
 
@@ -62,7 +64,7 @@ from harness_core.messages import (
 )
 from harness_core.models import ModelInfo, ModelRequest, ThinkingLevel
 
-from ._base import EventParser, HTTPProvider, StreamFailure
+from ._base import EventParser, HTTPProvider, StreamFailure, unique_call_id
 from ._errors import Classifier, ProviderError
 from ._json import ArgumentText, finish_tool_call
 from ._sse import SSEEvent
@@ -354,7 +356,7 @@ class _MessagesParser(EventParser):
         elif kind == "tool_use":
             initial = block.get("input")
             part = ToolCall(
-                id=str(block.get("id") or f"toolu_{index}"),
+                id=unique_call_id(self.message, str(block.get("id") or f"toolu_{index}")),
                 name=str(block.get("name") or ""),
                 arguments=initial if isinstance(initial, dict) else {},
                 partial_json="",

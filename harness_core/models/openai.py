@@ -26,8 +26,14 @@ Request mapping:
 
 Response mapping: `delta.content` → text; `delta.reasoning_content` / `delta.reasoning` (vLLM, llama.cpp,
 Ollama, OpenRouter, DeepSeek) → thinking; `delta.tool_calls` fragments are assembled per `index` (several calls
-in parallel; `partial_json` carries the raw text and `arguments` a best-effort partial parse while streaming);
-invalid final argument JSON → `arguments={}` with the raw text left in `partial_json` (see `_json.py`).
+in parallel; `partial_json` carries the raw text and `arguments` a best-effort partial parse while streaming).
+Servers that stray from that shape are assembled too: at an index already in use, a fragment with a new `id`
+and a function name, after the current call's arguments are complete, starts a new call (Ollama sends every
+parallel call with index 0), while a new id without a name continues the call (some servers change the id after
+the first fragment); an id that arrives after a call's first fragment is adopted; fragments without `index` are
+matched by `id` (or continue the call being streamed when they carry neither id nor name); an id repeated within
+one response gets a `_2`, `_3` ... suffix, since results are paired with calls by id. Invalid final argument
+JSON → `arguments={}` with the raw text left in `partial_json` (see `_json.py`).
 `finish_reason` `stop` → stop, `length` → length, `tool_calls`/`function_call` (or any finish with calls) →
 toolUse, `content_filter` → a non-retryable error. Usage: `prompt_tokens` minus cached →
 `input`, `prompt_tokens_details.cached_tokens` (or DeepSeek's `prompt_cache_hit_tokens`) → `cache_read`,
@@ -59,7 +65,7 @@ from harness_core.messages import (
 )
 from harness_core.models import ModelInfo, ModelRequest
 
-from ._base import EventParser, HTTPProvider, StreamFailure
+from ._base import EventParser, HTTPProvider, StreamFailure, unique_call_id
 from ._errors import Classifier, parse_error_payload
 from ._json import ArgumentText, finish_tool_call
 from ._sse import SSEEvent
@@ -312,11 +318,24 @@ class OpenAIProvider(HTTPProvider):
         return _ChatParser(message, self._classifier)
 
 
+def _complete(raw: str) -> bool:
+    """Whether argument text is finished: empty, or a whole JSON value."""
+    if not raw.strip():
+        return True
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
 class _ChatParser(EventParser):
     def __init__(self, message: AssistantMessage, classifier: Classifier) -> None:
         super().__init__(message, classifier)
         self._calls: dict[Any, ToolCall] = {}
         self._args: dict[int, ArgumentText] = {}  # id(ToolCall) -> its argument text
+        self._server_ids: dict[int, str | None] = {}  # id(ToolCall) -> the id the server gave it
+        self._last: ToolCall | None = None
         self._finish_reason: str | None = None
 
     # -- content helpers ---------------------------------------------------------------------------------
@@ -337,29 +356,47 @@ class _ChatParser(EventParser):
 
     def _tool_fragment(self, position: int, fragment: dict[str, Any]) -> None:
         index = fragment.get("index")
-        call_id = fragment.get("id") if isinstance(fragment.get("id"), str) else None
-        key: Any = index if isinstance(index, int) else None
-        call = self._calls.get(key) if key is not None else None
-        if call is None and key is None and call_id is not None:
-            call = self._calls.get(("id", call_id))
-            key = ("id", call_id)
-        if call is None and key is None:
-            key = ("pos", len(self._calls), position)
+        raw_id = fragment.get("id")
+        call_id = raw_id if isinstance(raw_id, str) and raw_id else None
         function = fragment.get("function") or {}
+        raw_name = function.get("name")
+        name = raw_name if isinstance(raw_name, str) and raw_name else None
+        key: Any
+        call: ToolCall | None
+        if isinstance(index, int):
+            key = index
+            call = self._calls.get(key)
+            if call is not None and call_id is not None:
+                known = self._server_ids.get(id(call))
+                if known is None:  # the id came after the call's first fragment: adopt it
+                    self._server_ids[id(call)] = call_id
+                    call.id = unique_call_id(self.message, call_id, exclude=call)
+                elif known != call_id and name is not None and _complete(self._args[id(call)].raw):
+                    # Ollama (and proxies in front of Gemini or the Responses API) stream every parallel call
+                    # with index 0: a fragment that starts a call (new id and a name) after the previous call's
+                    # arguments are complete is a new call. A new id without a name is not: some servers
+                    # (Poolside) give a call's later fragments another id.
+                    call = None
+        elif call_id is not None:
+            key = ("id", call_id)
+            call = self._calls.get(key)
+        else:
+            key = ("pos", len(self._calls), position)
+            # No index and no id: a fragment that names no function continues the call being streamed.
+            call = self._last if name is None else None
         if call is None:
             call = ToolCall(
-                id=call_id or f"call_{uuid.uuid4().hex[:24]}",
-                name=function.get("name") or "",
+                id=unique_call_id(self.message, call_id or f"call_{uuid.uuid4().hex[:24]}"),
+                name=name or "",
                 partial_json="",
             )
-            self._calls[key] = call
+            self._calls[key] = call  # later fragments of this index belong to the newest call
+            self._server_ids[id(call)] = call_id
             self._args[id(call)] = ArgumentText()
             self.message.content.append(call)
-        else:
-            if call_id and not call.id:
-                call.id = call_id
-            if function.get("name") and not call.name:
-                call.name = function["name"]
+        elif name and not call.name:
+            call.name = name
+        self._last = call
         arguments = function.get("arguments")
         if arguments is not None:
             if not isinstance(arguments, str):  # some servers send the object itself
