@@ -365,3 +365,123 @@ async def test_conversation_abort_withdraws_and_aborts_the_run() -> None:
 
 async def _tools_running(harness: Any, conversation_id: int) -> bool:
     return bool((await harness.snapshot(LiveDoc, conversation_id) or {}).get("tools"))
+
+
+async def test_background_compaction_runs_beside_the_run_and_places_its_summary() -> None:
+    summary_calls: list[int] = []
+    harness, faux = await open_harness(
+        responder=long_conversation_responder(summary_calls),
+        settings=HarnessSettings(
+            compaction=CompactionSettings(reserve_tokens=100, keep_recent_tokens=150, background_tokens=600)
+        ),
+    )
+    faux.context_window = 1_200
+    root = await harness.root(agent=FAUX)
+    started: list[dict[str, Any]] = []
+
+    def watch_compactions(publication: Any) -> None:
+        for doc in publication.docs:
+            if doc.record.kind == "core.live" and doc.value:
+                started.extend(c for c in doc.value.get("compactions", []) if c not in started)
+
+    harness.add_publication_listener(watch_compactions)
+    for i in range(5):
+        assert (await (await root.submit(Input(f"turn {i} " + "z" * 300))).wait()).status == "done"
+    await harness.wait_for_idle()
+    assert started and all(c["blocking"] is False and c["reason"] == "threshold" for c in started)
+    assert summary_calls
+    page = await root.entries(limit=100)
+    assert any(e.kind == CORE_COMPACTION for e in page.items)
+    await harness.close()
+
+
+async def test_before_compact_can_decline_or_provide_the_summary() -> None:
+    decisions: list[Any] = [{"decline": True}, {"summary": "hand-written summary"}]
+
+    def before_compact(request: dict[str, Any], runtime: TaskRuntime) -> Any:
+        return decisions.pop(0)
+
+    summary_calls: list[int] = []
+    harness, _ = await open_harness(
+        extensions=[
+            Extension("compact-hook", hooks=[hook("core.compaction", before_compact=before_compact)])
+        ],
+        responder=long_conversation_responder(summary_calls),
+        settings=HarnessSettings(compaction=CompactionSettings(keep_recent_tokens=120)),
+    )
+    root = await harness.root(agent=FAUX)
+    for i in range(3):
+        await (await root.submit(Input(f"turn {i} " + "z" * 300))).wait()
+    declined = await harness.wait_for_task(await root.compact())
+    assert declined.state.outcome is not None and declined.state.outcome.result == {}
+    provided = await harness.wait_for_task(await root.compact())
+    assert provided.state.outcome is not None and "submission_id" in provided.state.outcome.result
+    assert summary_calls == []  # neither asked the model
+    view = await root.context()
+    assert view.head is not None and "hand-written summary" in user_text(view.head.model[0])  # type: ignore[index, arg-type]
+    await harness.close()
+
+
+async def test_generation_and_tool_observer_hooks() -> None:
+    seen: dict[str, list[Any]] = {"after_response": [], "after_tools": [], "on_abort": []}
+    gate = asyncio.Event()
+
+    @tool
+    async def quick() -> str:
+        """Quick."""
+        return "q"
+
+    @tool
+    async def stuck() -> str:
+        """Never finishes until aborted."""
+        await gate.wait()
+        return "late"
+
+    def after_response(message: AssistantMessage, runtime: TaskRuntime) -> None:
+        seen["after_response"].append(message.stop_reason)
+
+    def after_tools(assistant_id: int, result_ids: list[int], runtime: TaskRuntime) -> None:
+        seen["after_tools"].append((assistant_id, result_ids))
+
+    def on_abort(call: Any, result: Any, api: Any) -> Any:
+        seen["on_abort"].append(call.name)
+        from harness_core import ToolResult
+
+        return ToolResult(content="aborted by the operator", is_error=True)
+
+    calls = [faux_tool_call("quick", {}, id="q1")]
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if users(request)[-1] == "hang":
+            return faux_assistant([faux_tool_call("stuck", {}, id="s1")])
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant("done")
+        return faux_assistant(list(calls))
+
+    harness, _ = await open_harness(
+        extensions=[
+            Extension(
+                "observers",
+                tools=[quick, stuck],
+                hooks=[
+                    hook("core.generation", after_response=after_response, after_tools=after_tools),
+                    hook("core.tool", on_abort=on_abort),
+                ],
+            )
+        ],
+        responder=respond,
+    )
+    root = await harness.root(agent=FAUX)
+    await (await root.submit(Input("go"))).wait()
+    assert seen["after_response"] == ["toolUse", "stop"]
+    [(assistant_id, result_ids)] = seen["after_tools"]
+    assert len(result_ids) == 1 and result_ids[0] > assistant_id
+    hanging = await root.submit(Input("hang"))
+    await eventually(lambda: _tools_running(harness, root.id))
+    await root.abort()
+    assert (await hanging.wait()).reason == "aborted"
+    assert seen["on_abort"] == ["stuck"]
+    page = await root.entries(limit=5)
+    results = [m for e in page.items for m in e.model or () if isinstance(m, ToolResultMessage)]
+    assert "aborted by the operator" in results[0].text()
+    await harness.close()
