@@ -76,10 +76,18 @@ class MemoryStorage:
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
         last = self._last_seq
+        known = set(self._doc_records)
         for batch in batches:
             if batch.seq <= last:
                 raise StorageRequestError(f"commit seq {batch.seq} is not after {last}")
             last = batch.seq
+            # Validate everything before applying anything, so a bad group leaves the store untouched.
+            known.update(create.record.id for create in batch.doc_creates)
+            unknown = [c.id for c in batch.doc_changes if c.id not in known] + [
+                d for d in batch.doc_retires if d not in known
+            ]
+            if unknown:
+                raise StorageRequestError(f"commit seq {batch.seq} changes unknown documents {unknown}")
         for batch in copy.deepcopy(list(batches)):
             self._apply(batch)
 
@@ -109,6 +117,8 @@ class MemoryStorage:
         for doc_id in batch.doc_retires:
             record = self._doc_records[doc_id]
             self._doc_records[doc_id] = record.model_copy(update={"retired_seq": batch.seq})
+            if not self._rewindable(record):
+                self._doc_contents.pop(doc_id, None)  # nothing can read a retired current-only document
         self._next_id = max(self._next_id, batch.next_id)
         self._last_seq = batch.seq
 
