@@ -109,7 +109,7 @@ class Scheduler:
         return None
 
     async def _pass(self) -> None:
-        from harness_core._reconcile import LiveIndex, ordinary_owned_work
+        from harness_core._reconcile import LiveIndex
 
         harness = self.harness
         live = dict(harness.session.published.live_tasks)
@@ -139,7 +139,6 @@ class Scheduler:
                 if task.state.status == "running" and task.id not in self.invocations:
                     self.start(task)
         self._arm_timer()
-        del ordinary_owned_work
 
     async def _reserve(self, tx: Tx, candidates: list[int]) -> list[Task]:
         from harness_core._reconcile import LiveIndex, ordinary_owned_work

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -798,10 +797,6 @@ def _ended(why: str) -> Exception:
     from harness_core.tasks import InvocationEnded
 
     return InvocationEnded(why)
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false")
 
 
 from harness_core.conversation import ConversationHandle, SubmissionHandle  # noqa: E402  (cycle: handles use Harness)
