@@ -345,7 +345,9 @@ class Harness:
     async def family(self, definition: DocDefinition, scope_id: int | None = None) -> dict[str, Any]:
         """Every alive document of a family in one scope, by key (creates nothing)."""
         records = await self.session.storage.scan_documents(
-            scope=definition.scope, scope_id=None if definition.scope == "session" else scope_id, kind=definition.kind
+            scope=definition.scope,
+            scope_id=None if definition.scope == "session" else scope_id,
+            kind=definition.kind,
         )
         found: dict[str, Any] = {}
         for record in records:
