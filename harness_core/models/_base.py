@@ -4,11 +4,12 @@ failure."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 import httpx
@@ -76,6 +77,7 @@ class HTTPProvider(ABC):
     BASE_URL_ENV: ClassVar[str]
     KNOWN_MODELS: ClassVar[Mapping[str, Mapping[str, Any]]]
     OVERFLOW_CODES: ClassVar[frozenset[str]] = frozenset()
+    drain_timeout: float = 0.5  # seconds to wait for the end of a response after its final event
 
     def __init__(
         self,
@@ -189,7 +191,8 @@ class HTTPProvider(ABC):
                     error = self._json_instead_of_stream(raw)
                 else:
                     mid_stream = True
-                    async for event in iter_sse(response.aiter_lines()):
+                    events = iter_sse(response.aiter_lines())
+                    async for event in events:
                         changed = self._feed(parser, event)
                         if changed:
                             message.usage.cost = model.price.cost(message.usage)
@@ -197,6 +200,8 @@ class HTTPProvider(ABC):
                         if parser.done:
                             break
                     error = parser.finish()
+                    if parser.done:
+                        await self._drain(events)
         except StreamFailure as exc:
             error = exc.info
         except SSEFormatError as exc:
@@ -210,6 +215,18 @@ class HTTPProvider(ABC):
         elif message.stop_reason is None:  # pragma: no cover - parsers always settle the message
             message.stop_reason = "stop"
         yield message
+
+    async def _drain(self, events: AsyncIterator[SSEEvent]) -> None:
+        """Read what is left of a finished response (normally only the end of the body) so its connection
+        goes back to the pool: without this every request would pay a new TCP and TLS handshake. A server that
+        keeps the stream open after its final event gets `drain_timeout` seconds, then the connection is closed
+        instead."""
+        try:
+            async with asyncio.timeout(self.drain_timeout):
+                async for _event in events:
+                    pass
+        except (TimeoutError, SSEFormatError, httpx.HTTPError):
+            pass
 
     def _feed(self, parser: EventParser, event: SSEEvent) -> bool:
         try:

@@ -113,8 +113,13 @@ class Dialect:
     base_url: str
     call_ids: tuple[str, str]
     lead: int  # events `text_events` sends before the first piece of text
+    path: str  # the endpoint's path on a local server
 
-    def provider(self) -> HTTPProvider:
+    def base_url_for(self, origin: str) -> str:
+        """The provider's base URL for a local server at `origin` (`http://127.0.0.1:port`)."""
+        return origin + self.path.removesuffix("/chat/completions").removesuffix("/v1/messages")
+
+    def provider(self, base_url: str | None = None) -> HTTPProvider:
         raise NotImplementedError
 
     def text_events(self, *pieces: str) -> list[bytes]:
@@ -160,11 +165,12 @@ class OpenAIDialect(Dialect):
     model_id = "gpt-4o-mini"
     base_url = "https://llm.test/v1"
     url = f"{base_url}/chat/completions"
+    path = "/v1/chat/completions"  # on a local server whose origin is the base URL without "/v1"
     call_ids = ("call_Zq81kX", "call_Os72mY")
     lead = 1
 
-    def provider(self) -> HTTPProvider:
-        return OpenAIProvider(api_key="sk-test-0123456789", base_url=self.base_url)
+    def provider(self, base_url: str | None = None) -> HTTPProvider:
+        return OpenAIProvider(api_key="sk-test-0123456789", base_url=base_url or self.base_url)
 
     @staticmethod
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -277,11 +283,12 @@ class AnthropicDialect(Dialect):
     model_id = "claude-haiku-4-5"
     base_url = "https://anthropic.test"
     url = f"{base_url}/v1/messages"
+    path = "/v1/messages"
     call_ids = ("toolu_01Zq81kX", "toolu_02Os72mY")
     lead = 3
 
-    def provider(self) -> HTTPProvider:
-        return AnthropicProvider(api_key="sk-ant-test-0123456789", base_url=self.base_url)
+    def provider(self, base_url: str | None = None) -> HTTPProvider:
+        return AnthropicProvider(api_key="sk-ant-test-0123456789", base_url=base_url or self.base_url)
 
     @staticmethod
     def start() -> dict[str, Any]:
@@ -408,7 +415,6 @@ class Script:
     responses: list[Response] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     log: list[tuple[Any, ...]] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, *responses: Response) -> None:
         self.responses.extend(responses)
@@ -416,7 +422,6 @@ class Script:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(json.loads(request.content))
         self.log.append(("request", len(self.requests)))
-        self.arrived.set()
         if not self.responses:  # an unexpected request: fail it without retries instead of hanging
             return httpx.Response(400, json={"error": {"message": "test script: no response left"}})
         response = self.responses.pop(0)
@@ -514,9 +519,15 @@ class Rigs:
         self.script = script
         self.opened: list[tuple[Harness, HTTPProvider]] = []
 
-    async def __call__(self, settings: HarnessSettings | None = None, storage: Storage | None = None) -> Rig:
+    async def __call__(
+        self,
+        settings: HarnessSettings | None = None,
+        storage: Storage | None = None,
+        *,
+        base_url: str | None = None,
+    ) -> Rig:
         dialect = self.dialect
-        provider = dialect.provider()
+        provider = dialect.provider(base_url)
         executed: list[dict[str, Any]] = []
 
         @tool

@@ -276,3 +276,31 @@ async def test_abort_mid_stream_closes_the_response(
         ("user", "Tell me a story"),
         ("user", "Something short then"),
     ]
+
+
+# -- restart ----------------------------------------------------------------------------------------------------
+
+
+async def test_graceful_close_mid_stream_then_reopen_resends_the_request(
+    dialect: Dialect, script: Script, open_rig: OpenRig, tmp_path: Path
+) -> None:
+    path = tmp_path / "restart.sqlite"
+    rig = await open_rig(storage=await SqliteStorage.open(path))
+    events = dialect.text_events("Deploying ", "now", "…")
+    body = GatedStream(network_chunks(events[: dialect.lead + 2]), hang=True)
+    script.add(stream_response(body), stream_response(events))
+    submission = await rig.root.submit(Input("Deploy?", request_id="deploy-1"))
+    await rig.live.partial("Deploying now")
+    await rig.harness.close()  # a deploy: the process stops while the answer is streaming
+    assert body.closed
+
+    rig = await open_rig(storage=await SqliteStorage.open(path))
+    again = await rig.root.submit(Input("Deploy?", request_id="deploy-1"))
+    assert again.id == submission.id
+    settled = await again.wait()
+    assert settled.status == "done"
+    assert await rig.answer_text(settled.answer) == "Deploying now…"
+    assert script.requests[1] == script.requests[0]
+    interrupted, answered = await rig.assistant_entries()
+    assert (interrupted.stop_reason, interrupted.text()) == ("aborted", "Deploying now")
+    assert answered.stop_reason == "stop"
