@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -409,18 +410,22 @@ Response = httpx.Response | Callable[[], httpx.Response]
 
 @dataclass
 class Script:
-    """A respx side effect: answers requests with the queued responses in order, records every request body,
-    and logs `("request", n)` into `log` (shared with a `LiveRecorder`, so the order of events is visible)."""
+    """A respx side effect: answers requests with the queued responses in order, records every request body
+    and its arrival on `clock`, and logs `("request", n)` into `log` (shared with a `LiveRecorder`, so the
+    order of events is visible)."""
 
     responses: list[Response] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     log: list[tuple[Any, ...]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    clock: Callable[[], float] = field(default=lambda: time.time() * 1000)
 
     def add(self, *responses: Response) -> None:
         self.responses.extend(responses)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(json.loads(request.content))
+        self.arrivals.append(self.clock())
         self.log.append(("request", len(self.requests)))
         if not self.responses:  # an unexpected request: fail it without retries instead of hanging
             return httpx.Response(400, json={"error": {"message": "test script: no response left"}})
@@ -525,6 +530,7 @@ class Rigs:
         storage: Storage | None = None,
         *,
         base_url: str | None = None,
+        now: Callable[[], int] | None = None,
     ) -> Rig:
         dialect = self.dialect
         provider = dialect.provider(base_url)
@@ -545,6 +551,7 @@ class Rigs:
             registry=registry,
             settings=settings or fast_settings(),
             on_report=reports.append,
+            now=now,
         )
         self.opened.append((harness, provider))
         root = await harness.root(
