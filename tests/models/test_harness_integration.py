@@ -61,6 +61,23 @@ async def test_plain_answer_and_session_id(dialect: Dialect, script: Script, ope
     assert rig.reports == []
 
 
+async def test_a_fork_sends_its_own_session_id(dialect: Dialect, script: Script, open_rig: OpenRig) -> None:
+    rig = await open_rig()
+    script.add(stream_response(dialect.text_events("Paris.")), stream_response(dialect.text_events("Lyon.")))
+    settled = await (await rig.root.submit(Input("Capital of France?"))).wait()
+    thread = await rig.root.fork(settled.answer or 0)
+    assert (await (await thread.submit(Input("And its second city?"))).wait()).status == "done"
+    root_session = (await rig.harness.snapshot(ProviderDoc, rig.root.id))["session_id"]
+    thread_session = (await rig.harness.snapshot(ProviderDoc, thread.id))["session_id"]
+    assert thread_session and thread_session != root_session
+    assert [dialect.session_id(body) for body in script.requests] == [root_session, thread_session]
+    assert dialect.transcript(script.requests[1]) == [
+        ("user", "Capital of France?"),
+        ("assistant", "Paris."),
+        ("user", "And its second city?"),
+    ]
+
+
 async def test_streamed_answer_commits_partials_before_it_ends(
     dialect: Dialect, script: Script, open_rig: OpenRig
 ) -> None:
