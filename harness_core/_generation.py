@@ -443,10 +443,23 @@ async def _append_failed_attempt(tx: Tx, task: Task, message: AssistantMessage) 
     await _record_usage(tx, task.conversation_id, message)
 
 
+def _unique_call_ids(message: AssistantMessage) -> None:
+    """Calls are addressed by id (tasks, slots, results): a repeated id in one message gets a suffix."""
+    seen: set[str] = set()
+    for call in message.tool_calls():
+        if call.id in seen:
+            suffix = 2
+            while f"{call.id}_{suffix}" in seen:
+                suffix += 1
+            call.id = f"{call.id}_{suffix}"
+        seen.add(call.id)
+
+
 async def _start_tool_round(
     harness: Harness, tx: Tx, task: Task, message: AssistantMessage, offered: list[str]
 ) -> Wait | Complete:
     await clear_partial(tx, task.conversation_id)
+    _unique_call_ids(message)
     entry = tx.append_entry(task.conversation_id, EntryDraft(kind=CORE_ASSISTANT, model=[message]))
     await _record_usage(tx, task.conversation_id, message)
     agent = await harness.resolve_agent(task.conversation_id)

@@ -75,25 +75,31 @@ def _included(message: Message) -> bool:
 def _arrange(messages: list[Message]) -> list[Message]:
     out: list[Message] = []
     # Pair each result with the nearest preceding assistant that called it, if no other assistant came between.
-    results_by_call: dict[str, ToolResultMessage] = {}
+    # Pairs are per assistant message: some models number call ids per turn, so an id repeats across turns.
+    results_for: dict[int, dict[str, ToolResultMessage]] = {}
+    current: dict[str, ToolResultMessage] | None = None
     pending_calls: set[str] = set()
-    for message in messages:
+    for position, message in enumerate(messages):
         if isinstance(message, AssistantMessage):
+            current = results_for.setdefault(position, {})
             pending_calls = {call.id for call in message.tool_calls()}
-        elif isinstance(message, ToolResultMessage) and message.tool_call_id in pending_calls:
-            results_by_call[message.tool_call_id] = message
+        elif (
+            isinstance(message, ToolResultMessage)
+            and current is not None
+            and message.tool_call_id in pending_calls
+        ):
+            current[message.tool_call_id] = message
             pending_calls.discard(message.tool_call_id)
-    placed: set[int] = set()
-    for message in messages:
+    for position, message in enumerate(messages):
         if isinstance(message, ToolResultMessage):
             # Placed after its call (below), or an orphan with no call to follow: dropped either way.
             continue
         out.append(message)
         if isinstance(message, AssistantMessage):
+            paired = results_for.get(position, {})
             for call in message.tool_calls():
-                result = results_by_call.get(call.id)
-                if result is not None and id(result) not in placed:
-                    placed.add(id(result))
+                result = paired.pop(call.id, None)
+                if result is not None:
                     out.append(result)
                 else:
                     out.append(

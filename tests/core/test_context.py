@@ -169,3 +169,21 @@ def test_replay_system_patches_and_provider_messages() -> None:
     assert [t.name for t in state.tools] == ["b"]
     assert state.system_prompt() == "Y\n\nZ"
     assert roles(provider_messages([*patches, UserMessage(content="u")])) == ["user:u"]
+
+
+def test_call_ids_repeated_across_turns_pair_with_their_own_results() -> None:
+    # Some models number call ids per turn ("call_0" every turn).
+    first = ToolCall(id="call_0", name="t")
+    second = ToolCall(id="call_0", name="t")
+    entries = [
+        user(1, "zurich?"),
+        assistant(2, calls=[first], stop="toolUse"),
+        result(3, "call_0", "zurich sunny"),
+        assistant(4, "zurich is sunny"),
+        user(5, "oslo?"),
+        assistant(6, calls=[second], stop="toolUse"),
+        result(7, "call_0", "oslo sunny"),
+    ]
+    view = derive_context(None, entries)
+    results = [m.text() for m in view.messages if isinstance(m, ToolResultMessage)]
+    assert results == ["zurich sunny", "oslo sunny"]

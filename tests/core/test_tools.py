@@ -354,3 +354,24 @@ async def test_parallel_setting_sequential_runs_round_in_order() -> None:
 
 def _entry_kinds(entries: list[Entry]) -> list[str]:
     return [e.kind for e in entries]
+
+
+async def test_duplicate_call_ids_in_one_message_each_run_with_their_own_arguments() -> None:
+    ran: list[str] = []
+
+    @tool
+    def forecast(city: str) -> str:
+        """Forecast."""
+        ran.append(city)
+        return f"{city}: sunny"
+
+    respond = call_then_answer(
+        faux_tool_call("forecast", {"city": "Zurich"}, id="same"),
+        faux_tool_call("forecast", {"city": "Oslo"}, id="same"),
+    )
+    harness, faux = await open_harness(tools=[forecast], responder=respond)
+    root = await harness.root(agent=FAUX)
+    assert (await (await root.submit(Input("weather?"))).wait()).status == "done"
+    assert sorted(ran) == ["Oslo", "Zurich"]
+    assert sorted(r.text() for r in results_in(faux.requests[-1])) == ["Oslo: sunny", "Zurich: sunny"]
+    await harness.close()
