@@ -1,0 +1,140 @@
+"""`durable-bots` / `python -m bots`: run the bot and the commands an operator needs at 3 a.m.
+
+Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry); 2 the storage is held by another
+process (the running bot) or the command line is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bots.config import BotConfig, ConfigError, load_config
+from bots.operator import (
+    approvals_command,
+    check_config_command,
+    export_command,
+    inspect_command,
+    retry_command,
+)
+from bots.runtime import EXIT_ERROR, BotError, run_bot
+
+DEFAULT_CONFIG = "config/ops.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        "-c",
+        default=os.environ.get("DURABLE_BOTS_CONFIG", DEFAULT_CONFIG),
+        help=f"the TOML config (default: $DURABLE_BOTS_CONFIG or {DEFAULT_CONFIG})",
+    )
+    common.add_argument(
+        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr logging"
+    )
+    parser = argparse.ArgumentParser(
+        prog="durable-bots",
+        description="Chat agents that survive restarts with nothing lost and nothing done twice.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", parents=[common], help="run the bot on one or more adapters")
+    run.add_argument(
+        "--adapter",
+        "-a",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="slack, discord or devchat; repeat for several (default: every [adapters.<name>] table)",
+    )
+
+    inspect = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="conversations, tasks (running/waiting/parked/blocked), approvals, usage",
+    )
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    tasks = sub.add_parser("tasks", parents=[common], help="live tasks only")
+    tasks.add_argument("--json", action="store_true", help="machine-readable output")
+
+    retry = sub.add_parser("retry", parents=[common], help="clear a parked task and run it")
+    retry.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+    retry.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it (default 120)")
+
+    approvals = sub.add_parser("approvals", parents=[common], help="pending and decided approval requests")
+    approvals.add_argument("--pending", action="store_true", help="only pending requests")
+    approvals.add_argument("--json", action="store_true", help="machine-readable output")
+
+    export = sub.add_parser("export", parents=[common], help="a conversation's transcript as JSONL")
+    export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
+    export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
+
+    sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
+    env = dict(os.environ)
+    out = sys.stdout
+    if args.command == "run":
+        return await run_bot(config, args.adapter, env)
+    if args.command in ("inspect", "tasks"):
+        return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
+    if args.command == "retry":
+        return await retry_command(config, env, out, args.task, timeout=args.timeout)
+    if args.command == "approvals":
+        return await approvals_command(config, env, out, as_json=args.json, pending_only=args.pending)
+    if args.command == "export":
+        code, _ = await export_command(config, env, out, args.conversation)
+        return code
+    raise BotError(f"unknown command {args.command}")
+
+
+def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
+    """Export into a temporary file renamed into place, so a failed export leaves no half file."""
+    target: Path = args.out
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            code, written = asyncio.run(export_command(config, dict(os.environ), handle, args.conversation))
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {written} entries of conversation {args.conversation} to {target}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_ERROR
+    if args.command == "check-config":
+        return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
+    try:
+        if args.command == "export" and args.out is not None:
+            return _export_to_file(args, config)
+        return asyncio.run(_dispatch(args, config))
+    except BotError as exc:
+        print(f"durable-bots: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

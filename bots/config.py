@@ -1,0 +1,578 @@
+"""The bot's TOML configuration, validated by pydantic.
+
+Every problem is reported as `file:line: key.path: message`, with the line of the offending key (or of its
+table when the key is missing), so an operator can fix a broken file at 3 a.m. without guessing. Unknown keys
+are errors (a typo must not silently fall back to a default). Secrets never live in the file: a key that
+looks like one (`token`, `secret`, `api_key`, ...) or a value that looks like a Slack/OpenAI/Anthropic
+credential is refused with the name of the environment variable to use instead.
+
+Relative paths are resolved against the working directory of the process (the repository root for
+`make run` and the Procfile).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from harness_core import CompactionSettings, HarnessSettings, ModelRef, RetrySettings
+
+PROVIDERS = ("openai", "anthropic", "faux")
+FAUX_MODELS = ("demo",)
+OPS_TOOLS = ("search_logs", "open_ticket", "deploy", "schedule", "search_history")
+DEFAULT_INSTRUCTIONS = (
+    "You are an operations assistant in a team chat. Messages arrive as '<display name>: <text>'. "
+    "Investigate with search_logs before proposing changes, open tickets with open_ticket, and use deploy "
+    "only with a concrete service and version: every deploy waits for a human approver, so say what you are "
+    "about to deploy and why. Use search_history to find what was said earlier, and schedule for reminders. "
+    "If a tool reports it was interrupted, do not blindly repeat it: say so and suggest how to check. "
+    "Be brief and concrete."
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BotSection(_Section):
+    name: str = "ops-bot"
+    model: str = "faux:demo"
+    instructions: str = DEFAULT_INSTRUCTIONS
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        try:
+            ref = ModelRef.parse(value)
+        except ValueError:
+            raise ValueError(
+                f"model must look like 'provider:model' (e.g. 'openai:gpt-4o', "
+                f"'anthropic:claude-sonnet-4-5', 'faux:demo'), got {value!r}"
+            ) from None
+        if ref.provider not in PROVIDERS:
+            raise ValueError(f"unknown model provider {ref.provider!r}; use one of {', '.join(PROVIDERS)}")
+        if ref.provider == "faux" and ref.model_id not in FAUX_MODELS:
+            raise ValueError(f"the faux provider only has the offline demo script 'faux:demo', got {value!r}")
+        return value
+
+    @property
+    def model_ref(self) -> ModelRef:
+        return ModelRef.parse(self.model)
+
+
+class StorageSection(_Section):
+    path: Path = Path("var/ops.sqlite")
+    durability: Literal["normal", "full"] = "normal"
+
+
+AnswerMode = Literal["mentions", "all", "none"]
+
+
+class AnswerSection(_Section):
+    mode: AnswerMode = "mentions"
+    record_unaddressed: bool = True
+    reply_in_thread: bool = False
+    dms: bool = True
+
+
+class ChannelSection(_Section):
+    """Per-channel overrides; keys left out inherit `[answer]`."""
+
+    mode: AnswerMode | None = None
+    record_unaddressed: bool | None = None
+    reply_in_thread: bool | None = None
+
+
+class ToolsSection(_Section):
+    enabled: list[str] | None = None  # None: the ops tools plus every tool of `modules`
+    modules: list[str] = Field(default_factory=list)  # import paths of modules exporting `extension`
+
+
+class ApprovalsSection(_Section):
+    tools: list[str] = Field(default_factory=lambda: ["deploy"])
+    approvers: list[str] = Field(default_factory=list)  # platform user ids (devchat: display names)
+    groups: list[str] = Field(default_factory=list)  # Slack user group ids / Discord role ids
+    expires_minutes: float = Field(default=60.0, gt=0)
+    allow_self_approval: bool = False
+
+
+class DeploySection(_Section):
+    webhook_url: str | None = None  # DEPLOY_WEBHOOK_URL overrides it
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    record_path: Path | None = None  # without a webhook: deploys are recorded here (default <storage dir>)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"webhook_url must be an http(s) URL, got {value!r}")
+        if re.match(r"^https?://[^/@\s]*:[^/@\s]*@", value):
+            raise ValueError(
+                "webhook_url must not carry credentials; set DEPLOY_WEBHOOK_TOKEN (sent as a bearer token) or "
+                "DEPLOY_WEBHOOK_URL in the environment instead"
+            )
+        return value
+
+
+class LogsSection(_Section):
+    path: Path = Path("config/sample-logs")  # a log file or a directory searched recursively
+    max_results: int = Field(default=50, gt=0, le=1000)
+
+
+class TicketsSection(_Section):
+    path: Path | None = None  # the JSON tracker (default <storage dir>/tickets.json)
+
+
+class RetrySection(_Section):
+    enabled: bool = True
+    max_retries: int = Field(default=3, ge=0)
+    base_delay_ms: int = Field(default=2_000, ge=0)
+    max_delay_ms: int = Field(default=60_000, ge=0)
+
+
+class CompactionSection(_Section):
+    enabled: bool = True
+    reserve_tokens: int = Field(default=16_384, ge=0)
+    keep_recent_tokens: int = Field(default=20_000, ge=0)
+    background_tokens: int = Field(default=32_768, ge=0)
+
+
+class TasksSection(_Section):
+    restart_limit: int = Field(default=5, ge=0)
+    tool_execution: Literal["parallel", "sequential"] = "parallel"
+
+
+class BotConfig(_Section):
+    bot: BotSection = Field(default_factory=BotSection)
+    storage: StorageSection = Field(default_factory=StorageSection)
+    answer: AnswerSection = Field(default_factory=AnswerSection)
+    channels: dict[str, ChannelSection] = Field(default_factory=dict)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
+    approvals: ApprovalsSection = Field(default_factory=ApprovalsSection)
+    deploy: DeploySection = Field(default_factory=DeploySection)
+    logs: LogsSection = Field(default_factory=LogsSection)
+    tickets: TicketsSection = Field(default_factory=TicketsSection)
+    retry: RetrySection = Field(default_factory=RetrySection)
+    compaction: CompactionSection = Field(default_factory=CompactionSection)
+    tasks: TasksSection = Field(default_factory=TasksSection)
+    adapters: dict[str, dict[str, Any]] = Field(default_factory=dict)  # passed to each adapter's create()
+
+    _source: Path = PrivateAttr(default=Path("<memory>"))
+    _lines: dict[tuple[str | int, ...], int] = PrivateAttr(default_factory=dict)
+
+    # --- derived values -----------------------------------------------------------------------------------
+
+    @property
+    def source(self) -> Path:
+        return self._source
+
+    @property
+    def storage_path(self) -> Path:
+        return self.storage.path.absolute()
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the bot's own files live next to the storage (tickets, recorded deploys)."""
+        return self.storage_path.parent
+
+    @property
+    def tickets_path(self) -> Path:
+        return (self.tickets.path or self.data_dir / "tickets.json").absolute()
+
+    @property
+    def deploy_record_path(self) -> Path:
+        return (self.deploy.record_path or self.data_dir / "deploys.jsonl").absolute()
+
+    @property
+    def logs_path(self) -> Path:
+        return self.logs.path.absolute()
+
+    def harness_settings(self) -> HarnessSettings:
+        return HarnessSettings(
+            retry=RetrySettings(**self.retry.model_dump()),
+            compaction=CompactionSettings(**self.compaction.model_dump()),
+            restart_limit=self.tasks.restart_limit,
+            tool_execution=self.tasks.tool_execution,
+        )
+
+    def adapter_options(self, name: str) -> dict[str, Any]:
+        """The `[adapters.<name>]` table as given (minus `module`), for the adapter's `create()`."""
+        options = dict(self.adapters.get(name, {}))
+        options.pop("module", None)
+        return options
+
+    def adapter_module(self, name: str) -> str:
+        module = self.adapters.get(name, {}).get("module")
+        return str(module) if module else f"adapters.{name}"
+
+    def problem(self, loc: tuple[str | int, ...], message: str) -> Problem:
+        """A problem found after validation (e.g. an unknown tool name), located in the file."""
+        return Problem(str(self._source), _line_for(self._lines, loc), _dotted(loc), message)
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int | None
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line or 0, p.key))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+# --- loading -----------------------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path) -> BotConfig:
+    """Read and validate a config file; raises `ConfigError` naming file, line and key of every problem."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [Problem(str(file), None, "", f"cannot read the config file: {exc.strerror}")]
+        ) from None
+    return parse_config(text, file)
+
+
+def parse_config(text: str, source: str | Path = "<config>") -> BotConfig:
+    file = str(source)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column \d+\)", str(exc))
+        line = int(match.group(1)) if match else None
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc)) or "invalid TOML"
+        raise ConfigError([Problem(file, line, "", f"TOML syntax error: {message}")]) from None
+    lines = key_lines(text)
+    secrets = _secret_problems(raw, lines, file)
+    if secrets:
+        raise ConfigError(secrets)
+    try:
+        config = BotConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError([_problem(file, lines, err) for err in exc.errors()]) from None
+    config._source = Path(source)
+    config._lines = lines
+    problems = _cross_checks(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _problem(file: str, lines: dict[tuple[str | int, ...], int], err: Any) -> Problem:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        message = "unknown key" + (f" (allowed here: {', '.join(allowed)})" if allowed else "")
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = str(err["msg"]).removeprefix("Value error, ")
+        value = err.get("input")
+        if (
+            isinstance(value, (str, int, float, bool))
+            and kind != "value_error"
+            and repr(value) not in message
+        ):
+            message += f" (got {value!r})"
+    return Problem(file, _line_for(lines, loc), _dotted(loc), message)
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: Any = BotConfig
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        annotation = field.annotation
+        args: tuple[Any, ...] = getattr(annotation, "__args__", ())
+        if getattr(annotation, "__origin__", None) is dict and len(args) == 2:
+            if not parts:
+                return []
+            parts.pop(0)  # the dict key (a channel id): the value type holds the keys
+            model = args[-1]
+            continue
+        model = annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
+            out += ("." if out else "") + text
+    return out
+
+
+def _cross_checks(config: BotConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    approvals = config.approvals
+    if approvals.tools and not approvals.approvers and not approvals.groups:
+        problems.append(
+            config.problem(
+                ("approvals", "approvers"),
+                f"nobody may approve {', '.join(approvals.tools)}: list approver ids in approvals.approvers "
+                "or groups/roles in approvals.groups (or set approvals.tools = [])",
+            )
+        )
+    if config.answer.mode == "none" and not config.answer.dms and not config.channels:
+        problems.append(config.problem(("answer", "mode"), "the bot would never answer anything"))
+    return problems
+
+
+# --- secrets -----------------------------------------------------------------------------------------------
+
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials"}
+_SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("signing", "key")}
+_SECRET_VALUES = (
+    (re.compile(r"^xox[abpr]-"), "a Slack token", "SLACK_BOT_TOKEN"),
+    (re.compile(r"^xapp-"), "a Slack app-level token", "SLACK_APP_TOKEN"),
+    (re.compile(r"^sk-ant-"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
+    (re.compile(r"^sk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
+)
+
+
+def _secret_key(name: str) -> bool:
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
+
+
+def _env_for(path: tuple[str, ...], raw: Mapping[str, Any]) -> str:
+    name = path[-1].lower()
+    if len(path) >= 2 and path[0] == "adapters":
+        if path[1] == "slack":
+            if "signing" in name:
+                return "SLACK_SIGNING_SECRET"
+            if "app" in name:
+                return "SLACK_APP_TOKEN"
+            return "SLACK_BOT_TOKEN"
+        if path[1] == "discord":
+            return "DISCORD_BOT_TOKEN"
+    if path[0] == "deploy":
+        return "DEPLOY_WEBHOOK_TOKEN"
+    model = str((raw.get("bot") or {}).get("model", "")) if isinstance(raw.get("bot"), Mapping) else ""
+    if model.startswith("anthropic:"):
+        return "ANTHROPIC_API_KEY"
+    if model.startswith("openai:"):
+        return "OPENAI_API_KEY"
+    return "OPENAI_API_KEY or ANTHROPIC_API_KEY"
+
+
+def _secret_problems(
+    raw: Mapping[str, Any], lines: dict[tuple[str | int, ...], int], file: str
+) -> list[Problem]:
+    problems: list[Problem] = []
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                here = (*path, str(key))
+                if _secret_key(str(key)) and not isinstance(value, Mapping):
+                    env = _env_for(here, raw)
+                    problems.append(
+                        Problem(
+                            file,
+                            _line_for(lines, here),
+                            _dotted(here),
+                            f"secrets do not belong in the config file: remove this key and set {env} in "
+                            "the environment instead",
+                        )
+                    )
+                    continue
+                walk(value, here)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+        elif isinstance(node, str):
+            for pattern, what, env in _SECRET_VALUES:
+                if pattern.match(node.strip()):
+                    problems.append(
+                        Problem(
+                            file,
+                            _line_for(lines, path),
+                            _dotted(path),
+                            f"this value looks like {what}; secrets do not belong in the config file: set "
+                            f"{env} in the environment instead",
+                        )
+                    )
+                    break
+
+    walk(raw, ())
+    return problems
+
+
+# --- where is a key? ----------------------------------------------------------------------------------------
+
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _line_for(lines: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int | None:
+    """The line of `loc`, else of its nearest ancestor that appears in the file (a missing key: its table)."""
+    for end in range(len(loc), 0, -1):
+        found = lines.get(tuple(loc[:end]))
+        if found is not None:
+            return found
+    return None
+
+
+def key_lines(text: str) -> dict[tuple[str | int, ...], int]:
+    """Map every table header and key of a TOML document to the (1-based) line that defines it.
+
+    A small scanner, not a parser (tomllib already validated the syntax): it tracks the current table,
+    dotted and quoted keys, arrays of tables, and skips the continuation lines of multi-line strings and
+    arrays so their content is never mistaken for keys. Keys inside inline tables map to their table's line
+    through `_line_for`'s ancestor fallback.
+    """
+    lines: dict[tuple[str | int, ...], int] = {}
+    table: tuple[str | int, ...] = ()
+    array_counts: dict[tuple[str | int, ...], int] = {}
+    state = _ScanState()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if state.multiline is not None or state.depth > 0:
+            _scan_value(line, state)
+            continue
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("[["):
+            keys, _ = _parse_key(stripped, 2)
+            path: tuple[str | int, ...] = tuple(keys)
+            index = array_counts.get(path, 0)
+            array_counts[path] = index + 1
+            lines.setdefault(path, number)
+            table = (*path, index)
+            lines.setdefault(table, number)
+            continue
+        if stripped.startswith("["):
+            keys, _ = _parse_key(stripped, 1)
+            table = tuple(keys)
+            for end in range(1, len(table) + 1):
+                lines.setdefault(table[:end], number)
+            continue
+        keys, rest = _parse_key(stripped, 0)
+        if not keys:
+            continue
+        full = (*table, *keys)
+        for end in range(len(table) + 1, len(full) + 1):
+            lines.setdefault(full[:end], number)
+        value = rest.lstrip()
+        if value.startswith("="):
+            _scan_value(value[1:], state)
+    return lines
+
+
+@dataclass
+class _ScanState:
+    multiline: str | None = None  # the closing delimiter of an open multi-line string
+    depth: int = 0  # open [ and { of a value that spans lines
+
+
+def _scan_value(text: str, state: _ScanState) -> None:
+    i = 0
+    n = len(text)
+    while i < n:
+        if state.multiline is not None:
+            end = text.find(state.multiline, i)
+            if end < 0:
+                return
+            i = end + 3
+            state.multiline = None
+            continue
+        char = text[i]
+        if char == "#":
+            return
+        if text.startswith('"""', i) or text.startswith("'''", i):
+            state.multiline = text[i : i + 3]
+            i += 3
+            continue
+        if char == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            continue
+        if char == "'":
+            end = text.find("'", i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        if char in "[{":
+            state.depth += 1
+        elif char in "]}":
+            state.depth = max(0, state.depth - 1)
+        i += 1
+
+
+def _parse_key(text: str, start: int) -> tuple[list[str], str]:
+    """Parse a (dotted, possibly quoted) key at `start`; returns the parts and the text after it."""
+    keys: list[str] = []
+    i = start
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        char = text[i]
+        if char == '"':
+            j = i + 1
+            out = []
+            while j < n and text[j] != '"':
+                if text[j] == "\\" and j + 1 < n:
+                    out.append(text[j + 1])
+                    j += 2
+                    continue
+                out.append(text[j])
+                j += 1
+            keys.append("".join(out))
+            i = j + 1
+        elif char == "'":
+            j = text.find("'", i + 1)
+            j = n if j < 0 else j
+            keys.append(text[i + 1 : j])
+            i = j + 1
+        else:
+            match = _BARE.match(text, i)
+            if match is None:
+                break
+            keys.append(match.group(0))
+            i = match.end()
+        while i < n and text[i] in " \t":
+            i += 1
+        if i < n and text[i] == ".":
+            i += 1
+            continue
+        break
+    return keys, text[i:]

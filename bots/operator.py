@@ -1,0 +1,457 @@
+"""Operator commands over the bot's storage: inspect, tasks, retry, approvals, export, check-config.
+
+Each opens the storage like the bot does (same registry, same owner lock) without starting to schedule, so
+what it shows is what the bot would resume. While the bot runs, they refuse (exit 2) instead of competing for
+the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from bots.config import BotConfig
+from bots.ops import place_label
+from bots.runtime import (
+    EXIT_ERROR,
+    EXIT_OK,
+    BotError,
+    Runtime,
+    adapter_factory,
+    check_tools,
+    enabled_tools,
+    known_tools,
+    open_runtime,
+)
+from harness_core import Harness, Task
+from harness_core.messages import ToolCall
+
+LOCK_HINT = "operator commands need the storage to themselves: stop the bot, run the command, start it again"
+
+
+def _when(ms: Any) -> str:
+    if not isinstance(ms, (int, float)):
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+async def _operator_runtime(config: BotConfig, env: Mapping[str, str]) -> Runtime:
+    try:
+        return await open_runtime(config, env, must_exist=True)
+    except BotError as exc:
+        if exc.exit_code == 2:
+            raise BotError(f"{exc} ({LOCK_HINT})", exc.exit_code) from None
+        raise
+
+
+# --- gathering -------------------------------------------------------------------------------------------
+
+
+async def tool_call_of(harness: Harness, task: Task) -> ToolCall | None:
+    """The model's call behind a `core.tool` task (its name and arguments)."""
+    if task.kind != "core.tool" or not isinstance(task.input, dict):
+        return None
+    entry = await harness.entry(int(task.input.get("assistant", 0)))
+    for message in entry.model or () if entry is not None else ():
+        for part in getattr(message, "content", ()):
+            if isinstance(part, ToolCall) and part.id == task.input.get("call_id"):
+                return part
+    return None
+
+
+async def gather_tasks(runtime: Runtime) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    inspection = await runtime.harness.inspect()
+    tasks: list[dict[str, Any]] = []
+    for item in inspection.tasks:
+        task = item.record
+        call = await tool_call_of(runtime.harness, task)
+        tasks.append(
+            {
+                "id": task.id,
+                "kind": task.kind,
+                "tool": call.name if call else None,
+                "arguments": call.arguments if call else None,
+                "state": item.state,
+                "reason": item.reason,
+                "waiting_on": item.waiting_on,
+                "deadline": task.state.deadline,
+                "conversation_id": task.conversation_id,
+                "owner_task_id": task.owner_task_id,
+                "background": task.background,
+                "restarts": task.restarts,
+                "parked": task.parked,
+            }
+        )
+    submissions = [
+        {
+            "id": s.id,
+            "conversation_id": s.conversation_id,
+            "request_id": s.request_id,
+            "type": s.type,
+            "status": s.status,
+        }
+        for s in inspection.submissions
+    ]
+    return inspection.scheduling, tasks, submissions
+
+
+async def gather_conversations(runtime: Runtime) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = await runtime.storage.scan_conversations(limit=500, cursor=cursor)
+        for record in page.items:
+            place = (await runtime.harness.snapshot(PlaceOfDoc, record.id) or {}).get("place")
+            latest = await runtime.storage.scan_entries(record.id, order="desc", limit=1)
+            found.append(
+                {
+                    "id": record.id,
+                    "place": place,
+                    "label": place_label(place) if place else None,
+                    "parent": record.parent.model_dump() if record.parent else None,
+                    "owner_task_id": record.owner_task_id,
+                    "latest_entry": latest.items[0].id if latest.items else None,
+                }
+            )
+        cursor = page.cursor
+        if cursor is None:
+            break
+    return found
+
+
+async def gather_approvals(runtime: Runtime) -> list[dict[str, Any]]:
+    gates = await runtime.harness.family(ApprovalDoc)
+    now = runtime.harness.now()
+    out: list[dict[str, Any]] = []
+    for key, gate in gates.items():
+        status = str(gate.get("status"))
+        if status == "pending" and int(gate.get("expires_at", 0)) <= now:
+            status = "pending (expired, denied at the next scheduling pass)"
+        out.append(
+            {
+                "id": int(key),
+                "tool": gate.get("tool"),
+                "arguments": gate.get("arguments"),
+                "status": status,
+                "requester": (gate.get("requester") or {}).get("user_name"),
+                "approvers": gate.get("approvers", []),
+                "groups": gate.get("groups", []),
+                "created_at": gate.get("created_at"),
+                "expires_at": gate.get("expires_at"),
+                "decided_by": gate.get("decided_by"),
+                "decided_at": gate.get("decided_at"),
+                "conversation_id": gate.get("conversation_id"),
+                "place": place_label(gate.get("target")) if gate.get("target") else None,
+            }
+        )
+    out.sort(key=lambda g: g["id"])
+    return out
+
+
+async def gather_usage(runtime: Runtime) -> dict[str, Any]:
+    usage = await runtime.harness.usage()
+    return {
+        "total": usage["total"].model_dump(),
+        "models": {name: u.model_dump() for name, u in usage["models"].items()},
+        "tools": {name: u.model_dump() for name, u in usage["tools"].items()},
+    }
+
+
+# --- rendering ----------------------------------------------------------------------------------------------
+
+
+def _task_line(task: dict[str, Any]) -> str:
+    what = task["kind"] + (f" {task['tool']}" if task["tool"] else "")
+    state = task["state"].upper() if task["state"] in ("parked", "blocked") else task["state"]
+    line = f"  #{task['id']:<6} {what:<32} conv #{task['conversation_id']:<6} {state}"
+    if task["reason"]:
+        line += f" ({task['reason']})"
+    if task["waiting_on"]:
+        line += f" on {task['waiting_on']}"
+    if task["deadline"]:
+        line += f" until {_when(task['deadline'])}"
+    if task["state"] == "parked":
+        line += f"  -> fix the cause, then `durable-bots retry {task['id']}`"
+    elif task["restarts"]:
+        line += f" [{task['restarts']} crash restart(s)]"
+    return line
+
+
+def _approval_line(gate: dict[str, Any]) -> str:
+    args = json.dumps(gate["arguments"], sort_keys=True)
+    line = f"  gate #{gate['id']:<6} {gate['tool']} {args}  {gate['status']}"
+    if gate["requester"]:
+        line += f"; asked by {gate['requester']}"
+    if gate["decided_by"]:
+        line += f"; decided by {gate['decided_by']} at {_when(gate['decided_at'])}"
+    elif gate["status"] == "pending":
+        who = ", ".join([*gate["approvers"], *(f"group {g}" for g in gate["groups"])]) or "nobody"
+        line += f"; approvers: {who}; expires {_when(gate['expires_at'])}"
+    if gate["place"]:
+        line += f"; in {gate['place']}"
+    return line
+
+
+def _say(out: TextIO, text: str = "") -> None:
+    print(text, file=out)
+
+
+async def inspect_command(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, only_tasks: bool = False
+) -> int:
+    runtime = await _operator_runtime(config, env)
+    try:
+        scheduling, tasks, submissions = await gather_tasks(runtime)
+        if only_tasks:
+            if as_json:
+                _say(out, json.dumps({"tasks": tasks}, indent=2))
+            else:
+                _render_tasks(out, tasks)
+            return EXIT_OK
+        conversations = await gather_conversations(runtime)
+        approvals = await gather_approvals(runtime)
+        usage = await gather_usage(runtime)
+    finally:
+        await runtime.close()
+    report = {
+        "storage": str(config.storage_path),
+        "scheduling": scheduling,
+        "conversations": conversations,
+        "tasks": tasks,
+        "parked": [t["id"] for t in tasks if t["state"] == "parked"],
+        "approvals": approvals,
+        "submissions": submissions,
+        "usage": usage,
+    }
+    if as_json:
+        _say(out, json.dumps(report, indent=2))
+        return EXIT_OK
+    _say(out, f"storage: {config.storage_path} (read by the operator; nothing was scheduled)")
+    _say(out, f"conversations ({len(conversations)}):")
+    for conv in conversations:
+        what = conv["label"] or (
+            f"subagent of task #{conv['owner_task_id']}" if conv["owner_task_id"] else "(no place)"
+        )
+        if conv["parent"]:
+            what += f" (fork of #{conv['parent']['conversation_id']} at entry {conv['parent']['at']})"
+        latest = f"latest entry {conv['latest_entry']}" if conv["latest_entry"] else "empty"
+        _say(out, f"  #{conv['id']:<6} {what}  [{latest}]")
+    _render_tasks(out, tasks)
+    pending = [g for g in approvals if g["status"].startswith("pending")]
+    _say(out, f"pending approvals ({len(pending)}):")
+    for gate in pending:
+        _say(out, _approval_line(gate))
+    queued = [s for s in submissions if s["status"] == "queued"]
+    _say(out, f"submissions: {len(queued)} queued, {len(submissions) - len(queued)} being answered")
+    total = usage["total"]
+    _say(
+        out,
+        f"usage: {total['input']} input + {total['output']} output tokens "
+        f"(cache read {total['cache_read']}, write {total['cache_write']}), cost ${total['cost']:.4f}",
+    )
+    for name, model in sorted(usage["models"].items()):
+        _say(out, f"  {name}: {model['input']} in / {model['output']} out, ${model['cost']:.4f}")
+    return EXIT_OK
+
+
+def _render_tasks(out: TextIO, tasks: list[dict[str, Any]]) -> None:
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task["state"]] = counts.get(task["state"], 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
+    _say(out, f"tasks ({summary}):")
+    for task in tasks:
+        _say(out, _task_line(task))
+
+
+async def approvals_command(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, pending_only: bool
+) -> int:
+    runtime = await _operator_runtime(config, env)
+    try:
+        approvals = await gather_approvals(runtime)
+    finally:
+        await runtime.close()
+    if pending_only:
+        approvals = [g for g in approvals if g["status"].startswith("pending")]
+    if as_json:
+        _say(out, json.dumps({"approvals": approvals}, indent=2))
+        return EXIT_OK
+    pending = [g for g in approvals if g["status"].startswith("pending")]
+    decided = [g for g in approvals if not g["status"].startswith("pending")]
+    _say(out, f"pending ({len(pending)}):")
+    for gate in pending:
+        _say(out, _approval_line(gate))
+    if not pending_only:
+        _say(out, f"decided ({len(decided)}):")
+        for gate in decided:
+            _say(out, _approval_line(gate))
+    return EXIT_OK
+
+
+async def retry_command(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, task_id: int, *, timeout: float
+) -> int:
+    """Clear a parked task and run it here until it ends, its conversation is idle, or `timeout` passes."""
+    runtime = await _operator_runtime(config, env)
+    harness = runtime.harness
+    try:
+        task = await harness.get_task(task_id)
+        if task is None:
+            raise BotError(f"there is no task {task_id}")
+        if not task.live:
+            ended = task.state.outcome.status if task.state.outcome else "ended"
+            raise BotError(f"task {task_id} already ended ({ended}); nothing to retry")
+        call = await tool_call_of(harness, task)
+        label = task.kind + (f" {call.name}" if call else "")
+        if not task.parked:
+            _say(out, f"task {task_id} ({label}) is not parked; scheduling it anyway")
+        _say(out, f"retrying task {task_id} ({label}) in conversation #{task.conversation_id} ...")
+        await harness.retry_task(task_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        finished = await _wait(harness.wait_for_task(task_id), deadline - loop.time())
+        if finished:
+            # Let the rest of the run (the model's answer to the tool result) land too.
+            await _wait(harness.wait_for_idle(task.conversation_id), deadline - loop.time())
+        current = await harness.get_task(task_id)
+        assert current is not None
+        if not current.live:
+            outcome = current.state.outcome
+            status = outcome.status if outcome else "ended"
+            _say(out, f"task {task_id} ({label}) {status}")
+            if outcome and outcome.error:
+                _say(out, f"  error: {outcome.error.message}")
+            result = await _tool_result_text(harness, current)
+            if result:
+                _say(out, f"  result: {result}")
+            _say(out, "answers reach the chat when the bot runs again")
+            return EXIT_OK if status == "completed" else EXIT_ERROR
+        inspection = await harness.inspect()
+        state = next((t.state for t in inspection.tasks if t.record.id == task_id), current.state.status)
+        _say(
+            out,
+            f"task {task_id} ({label}) is {state} after {timeout:g}s (no longer parked); the bot continues it "
+            "when it runs again",
+        )
+        return EXIT_OK
+    finally:
+        await runtime.close()
+
+
+async def _wait(awaitable: Any, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(awaitable, max(0.0, seconds))
+        return True
+    except TimeoutError:
+        return False
+
+
+async def _tool_result_text(harness: Harness, task: Task) -> str | None:
+    if task.kind != "core.tool":
+        return None
+    result = task.state.outcome.result if task.state.outcome else None
+    entry_id = result.get("entry_id") if isinstance(result, dict) else None
+    if not isinstance(entry_id, int):
+        return None
+    entry = await harness.entry(entry_id)
+    for message in entry.model or () if entry is not None else ():
+        text = getattr(message, "text", None)
+        if callable(text):
+            value = text()
+            return str(value)[:500]
+    return None
+
+
+async def export_command(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, conversation_id: int
+) -> tuple[int, int]:
+    """Write the transcript (fork-aware, oldest first) as JSONL. Returns (exit code, entries written)."""
+    runtime = await _operator_runtime(config, env)
+    written = 0
+    try:
+        handle = await runtime.harness.conversation(conversation_id)
+        if handle is None:
+            raise BotError(f"there is no conversation {conversation_id} (see `durable-bots inspect`)")
+        cursor = None
+        while True:
+            page = await handle.entries(limit=500, cursor=cursor, order="asc")
+            for entry in page.items:
+                out.write(json.dumps(entry.model_dump(mode="json"), ensure_ascii=False) + "\n")
+                written += 1
+            cursor = page.cursor
+            if cursor is None:
+                break
+    finally:
+        await runtime.close()
+    return EXIT_OK, written
+
+
+def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    problems = check_tools(config)
+    if problems:
+        for problem in problems:
+            print(problem, file=err)
+        return EXIT_ERROR
+    known, _ = known_tools(config)
+    tools = enabled_tools(config, known)
+    ref = config.bot.model_ref
+    warnings: list[str] = []
+    if ref.provider == "openai" and not env.get("OPENAI_API_KEY") and not env.get("OPENAI_BASE_URL"):
+        warnings.append("OPENAI_API_KEY is not set (fine only for a local server via OPENAI_BASE_URL)")
+    if ref.provider == "anthropic" and not env.get("ANTHROPIC_API_KEY"):
+        warnings.append("ANTHROPIC_API_KEY is not set")
+    adapters: list[str] = []
+    for name in config.adapters:
+        try:
+            adapter_factory(config, name)
+            adapters.append(f"{name} ({config.adapter_module(name)})")
+        except BotError as exc:
+            adapters.append(f"{name} (unavailable)")
+            warnings.append(str(exc))
+        if name == "slack" and not env.get("SLACK_BOT_TOKEN"):
+            warnings.append("SLACK_BOT_TOKEN is not set (needed by the slack adapter)")
+        if name == "discord" and not env.get("DISCORD_BOT_TOKEN"):
+            warnings.append("DISCORD_BOT_TOKEN is not set (needed by the discord adapter)")
+    approvals = config.approvals
+    model_note = " (offline demo script)" if ref.provider == "faux" else ""
+    _say(out, f"{config.source}: OK")
+    _say(out, f"  bot: {config.bot.name}, model {config.bot.model}{model_note}")
+    _say(out, f"  storage: {config.storage_path} (durability {config.storage.durability})")
+    answer = config.answer
+    _say(
+        out,
+        f"  answer: {answer.mode}; unaddressed messages {'recorded' if answer.record_unaddressed else 'ignored'}; "
+        f"DMs {'answered' if answer.dms else 'ignored'}; {len(config.channels)} channel override(s)",
+    )
+    _say(out, f"  tools: {', '.join(tools) or 'none'}")
+    if approvals.tools:
+        who = ", ".join([*approvals.approvers, *(f"group {g}" for g in approvals.groups)])
+        self_note = "self-approval allowed" if approvals.allow_self_approval else "no self-approval"
+        _say(
+            out,
+            f"  approvals: {', '.join(approvals.tools)} by {who} "
+            f"(expire after {approvals.expires_minutes:g} min, {self_note})",
+        )
+    else:
+        _say(out, "  approvals: none (no tool waits for a human)")
+    webhook = env.get("DEPLOY_WEBHOOK_URL") or config.deploy.webhook_url
+    _say(
+        out,
+        f"  deploy: webhook {webhook}"
+        if webhook
+        else f"  deploy: no webhook; deploys are recorded in {config.deploy_record_path}",
+    )
+    logs_note = "" if config.logs_path.exists() else " (does not exist!)"
+    if logs_note:
+        warnings.append(f"logs.path {config.logs_path} does not exist: search_logs will report an error")
+    _say(out, f"  logs: {config.logs_path}{logs_note}")
+    _say(out, f"  tickets: {config.tickets_path}")
+    _say(out, f"  adapters: {', '.join(adapters) or 'none configured (pass --adapter to run)'}")
+    for warning in warnings:
+        _say(out, f"  warning: {warning}")
+    return EXIT_OK

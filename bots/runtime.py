@@ -1,0 +1,440 @@
+"""Wiring: config → models, storage, harness, bridge, tools and adapters; the `run` loop and its shutdown.
+
+`open_runtime()` is shared by `run` and every operator command, so they all see the same registry (a task
+whose definition is missing would show as `blocked`). It takes the storage's owner lock: while the bot runs,
+operator commands get `StorageLocked` and say so instead of touching the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from adapters.base import Adapter
+from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
+from bots.config import OPS_TOOLS, BotConfig, Problem
+from bots.demo import demo_delay, demo_provider
+from bots.ops import OpsContext, history_extension, ops_extension
+from harness_core import (
+    AgentChange,
+    AgentDoc,
+    Extension,
+    Harness,
+    ModelRef,
+    Models,
+    Registry,
+    StorageLocked,
+    Tx,
+)
+from harness_core.models.anthropic import AnthropicProvider
+from harness_core.models.openai import OpenAIProvider
+from harness_core.storage import SqliteStorage
+
+log = logging.getLogger("bots")
+
+AdapterFactory = Callable[[dict[str, Any], Mapping[str, str]], Adapter]
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_LOCKED = 2
+SHUTDOWN_STEP_TIMEOUT = 15.0
+
+
+class BotError(Exception):
+    """A problem the operator can act on; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- models ------------------------------------------------------------------------------------------------
+
+
+def build_models(ref: ModelRef, env: Mapping[str, str]) -> Models:
+    """One provider, the one the config names. Keys and endpoints come from the environment only."""
+    models = Models()
+    if ref.provider == "openai":
+        models.set_provider(OpenAIProvider(env.get("OPENAI_API_KEY"), env.get("OPENAI_BASE_URL") or None))
+    elif ref.provider == "anthropic":
+        models.set_provider(
+            AnthropicProvider(env.get("ANTHROPIC_API_KEY"), env.get("ANTHROPIC_BASE_URL") or None)
+        )
+    elif ref.provider == "faux":
+        models.set_provider(demo_provider(demo_delay(env)))
+    else:  # the config validator allows nothing else
+        raise BotError(f"unknown model provider {ref.provider!r}")
+    return models
+
+
+# --- tools: the ops tools plus plugin modules ----------------------------------------------------------------
+
+
+def load_plugin(module_name: str, ctx: OpsContext | None) -> Extension:
+    """A `[tools] modules` entry: a module with `extension` (an Extension, or a function of the OpsContext
+    returning one)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BotError(f"cannot import tool module {module_name!r}: {exc}") from None
+    found = getattr(module, "extension", None)
+    if isinstance(found, Extension):
+        return found
+    if callable(found):
+        result = found(ctx)
+        if isinstance(result, Extension):
+            return result
+    raise BotError(
+        f"tool module {module_name!r} has no `extension` (an Extension or a function returning one)"
+    )
+
+
+def known_tools(config: BotConfig) -> tuple[list[str], list[Problem]]:
+    """Every tool the config can name (ops tools, `schedule`, plugin tools) and the problems loading them."""
+    names = list(OPS_TOOLS)
+    problems: list[Problem] = []
+    for index, module_name in enumerate(config.tools.modules):
+        try:
+            extension = load_plugin(module_name, None)
+        except BotError as exc:
+            problems.append(config.problem(("tools", "modules", index), str(exc)))
+            continue
+        except Exception as exc:  # the plugin's own code failed
+            problems.append(config.problem(("tools", "modules", index), f"loading it raised {exc!r}"))
+            continue
+        names.extend(t.name for t in extension.tools if t.name not in names)
+    return names, problems
+
+
+def enabled_tools(config: BotConfig, known: Sequence[str]) -> list[str]:
+    return list(config.tools.enabled) if config.tools.enabled is not None else list(known)
+
+
+def check_tools(config: BotConfig) -> list[Problem]:
+    """Checks that need the plugin modules: enabled and gated tool names must exist."""
+    known, problems = known_tools(config)
+    if problems:
+        return problems
+    for index, name in enumerate(config.tools.enabled or ()):
+        if name not in known:
+            problems.append(
+                config.problem(
+                    ("tools", "enabled", index), f"unknown tool {name!r}; known: {', '.join(known)}"
+                )
+            )
+    for index, name in enumerate(config.approvals.tools):
+        if name not in known:
+            problems.append(
+                config.problem(
+                    ("approvals", "tools", index), f"unknown tool {name!r}; known: {', '.join(known)}"
+                )
+            )
+    return problems
+
+
+# --- the bridge's view of the config ----------------------------------------------------------------------
+
+
+def bridge_config(config: BotConfig) -> BridgeConfig:
+    answer = config.answer
+    default = ChannelPolicy(
+        answer=answer.mode,
+        record_unaddressed=answer.record_unaddressed,
+        reply_in_thread=answer.reply_in_thread,
+    )
+    channels = {
+        channel: ChannelPolicy(
+            answer=override.mode if override.mode is not None else default.answer,
+            record_unaddressed=(
+                override.record_unaddressed
+                if override.record_unaddressed is not None
+                else default.record_unaddressed
+            ),
+            reply_in_thread=(
+                override.reply_in_thread if override.reply_in_thread is not None else default.reply_in_thread
+            ),
+        )
+        for channel, override in config.channels.items()
+    }
+    return BridgeConfig(default=default, channels=channels, answer_dms=answer.dms)
+
+
+def approval_policies(config: BotConfig) -> list[ApprovalPolicy]:
+    approvals = config.approvals
+    if not approvals.tools:
+        return []
+    return [
+        ApprovalPolicy(
+            tools=list(approvals.tools),
+            approvers=list(approvals.approvers),
+            groups=list(approvals.groups),
+            allow_self_approval=approvals.allow_self_approval,
+            expires_after_ms=int(approvals.expires_minutes * 60_000),
+        )
+    ]
+
+
+def agent_change(config: BotConfig, tools: Sequence[str]) -> AgentChange:
+    return AgentChange(model=config.bot.model_ref, instructions=config.bot.instructions, tools=list(tools))
+
+
+# --- the runtime ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    config: BotConfig
+    env: Mapping[str, str]
+    storage: SqliteStorage
+    harness: Harness
+    bridge: Bridge
+    models: Models
+    ops: OpsContext
+    agent: AgentChange
+    tools: list[str] = field(default_factory=list)
+
+    async def close(self) -> None:
+        await self.bridge.stop()
+        await self.harness.close()
+        await self.models.aclose()
+
+
+def locked_message(path: Path, exc: StorageLocked) -> str:
+    pid, host = "?", "?"
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        info = json.loads(path.with_name(path.name + ".lock").read_text())
+        pid, host = str(info["pid"]), str(info["host"])
+    if pid == "?":
+        return f"another durable-bots process ({exc.holder}) is using {path}; stop it first"
+    return f"another durable-bots process (pid {pid}, host {host}) is using {path}; stop it first"
+
+
+async def open_runtime(
+    config: BotConfig,
+    env: Mapping[str, str],
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    on_report: Callable[[BaseException], None] | None = None,
+    must_exist: bool = False,
+) -> Runtime:
+    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing."""
+    problems = check_tools(config)
+    if problems:
+        raise BotError("\n".join(str(p) for p in problems))
+    known, _ = known_tools(config)
+    tools = enabled_tools(config, known)
+    path = config.storage_path
+    if must_exist and not path.exists():
+        raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
+    models = build_models(config.bot.model_ref, env)
+    try:
+        storage = await SqliteStorage.open(path, durability=config.storage.durability)
+    except StorageLocked as exc:
+        raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+    registry = Registry()
+    harness = await Harness.open(
+        storage,
+        models=models,
+        registry=registry,
+        settings=config.harness_settings(),
+        on_report=on_report or _report,
+    )
+    agent = agent_change(config, tools)
+    bridge = Bridge(harness, config=bridge_config(config), agent=agent, approvals=approval_policies(config))
+    ctx = OpsContext(config=config, env=env, storage=storage, transport=transport)
+    registry.install(ops_extension(ctx))
+    registry.install(history_extension(ctx))
+    registry.install(bridge.extension())
+    for module_name in config.tools.modules:
+        registry.install(load_plugin(module_name, ctx))
+    return Runtime(config, env, storage, harness, bridge, models, ctx, agent, tools)
+
+
+def _report(error: BaseException) -> None:
+    log.warning("%s", error)
+
+
+async def sync_agents(runtime: Runtime) -> int:
+    """Bring every channel and thread conversation to the configured model, instructions and tools (a
+    conversation stores its agent when created; a changed config should reach the old ones too)."""
+    places = await runtime.harness.family(PlaceDoc)
+    ids = sorted({int(v["conversation_id"]) for v in places.values() if v.get("conversation_id") is not None})
+    changed: list[int] = []
+
+    async def commit(tx: Tx) -> None:
+        for conversation_id in ids:
+            stored = await tx.snapshot(AgentDoc, conversation_id)
+            if stored is None:
+                continue
+            wanted = runtime.agent.apply(stored)
+            if wanted != stored:
+                draft = await tx.doc(AgentDoc, conversation_id)
+                draft.value = wanted
+                changed.append(conversation_id)
+
+    if ids:
+        await runtime.harness.commit(commit)
+    return len(changed)
+
+
+# --- adapters ------------------------------------------------------------------------------------------------
+
+
+def adapter_factory(config: BotConfig, name: str) -> AdapterFactory:
+    module_name = config.adapter_module(name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise BotError(f"adapter {name!r}: there is no module {module_name}") from None
+        raise BotError(f"adapter {name!r}: importing {module_name} failed: {exc}") from None
+    create = getattr(module, "create", None)
+    if not callable(create):
+        raise BotError(f"adapter {name!r}: {module_name} has no create(options, env) (not available yet?)")
+    factory: AdapterFactory = create
+    return factory
+
+
+def adapter_names(config: BotConfig, requested: Sequence[str]) -> list[str]:
+    """`--adapter` values in order (deduplicated); without any, every `[adapters.<name>]` table."""
+    names = list(dict.fromkeys(requested)) if requested else list(config.adapters)
+    if not names:
+        raise BotError(
+            "no adapter to run: pass --adapter slack|discord|devchat or add an [adapters.<name>] table to "
+            f"{config.source}"
+        )
+    return names
+
+
+def adapter_url(adapter: Adapter, options: Mapping[str, Any]) -> str | None:
+    url = getattr(adapter, "url", None)
+    if isinstance(url, str) and url:
+        return url
+    if adapter.name == "devchat":
+        host = str(options.get("host", "127.0.0.1"))
+        port = options.get("port", 8765)
+        return f"http://{host}:{port}/"
+    return None
+
+
+# --- run ---------------------------------------------------------------------------------------------------
+
+
+class Console:
+    """What `run` tells the operator: short lines on stdout, flushed (tests and supervisors read them)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+async def run_bot(
+    config: BotConfig,
+    requested: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    console: Console | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
+    then the harness closes (running work is signalled and joined; nothing counts as a crash)."""
+    console = console or Console()
+    names = adapter_names(config, requested)
+    factories = {name: adapter_factory(config, name) for name in names}
+    adapters: list[tuple[Adapter, dict[str, Any]]] = []
+    for name in names:
+        options = config.adapter_options(name)
+        try:
+            adapter = factories[name](options, env)
+        except Exception as exc:
+            raise BotError(f"adapter {name!r} refused its configuration: {exc}") from None
+        adapters.append((adapter, options))
+    runtime = await open_runtime(config, env)
+    console.say(
+        f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
+        f"storage {config.storage_path})"
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    received: list[str] = []
+
+    def on_signal(signum: int) -> None:
+        if received:
+            # A second signal while stopping: leave at once. Safe: every step is committed before it shows.
+            console.say("durable-bots: second signal, exiting now (work resumes on the next start)")
+            os._exit(EXIT_ERROR)
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    installed: list[int] = []
+    for signum in (int(signal.SIGTERM), int(signal.SIGINT)):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+    started: list[Adapter] = []
+    code = EXIT_OK
+    try:
+        await runtime.bridge.start()
+        updated = await sync_agents(runtime)
+        if updated:
+            console.say(f"durable-bots: updated model/instructions/tools of {updated} conversation(s)")
+        for adapter, options in adapters:
+            try:
+                await adapter.start(runtime.bridge)
+            except Exception as exc:
+                log.exception("adapter %s failed to start", adapter.name)
+                raise BotError(f"adapter {adapter.name!r} failed to start: {exc}") from None
+            started.append(adapter)
+            url = adapter_url(adapter, options)
+            if url is not None:
+                console.say(f"{adapter.name}: {url}")
+        runtime.harness.resume()
+        inspection = await runtime.harness.inspect()
+        parked = inspection.parked()
+        if parked:
+            ids = ", ".join(str(t.record.id) for t in parked)
+            console.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
+        console.say(
+            f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM"
+        )
+        closed: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(runtime.harness.closed))
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if closed in done:
+            info = closed.result()
+            console.say(f"durable-bots: the storage failed ({info.reason}: {info.error}); exiting")
+            code = EXIT_ERROR
+        else:
+            closed.cancel()
+            why = received[0] if received else "stop requested"
+            console.say(f"durable-bots: stopping ({why}): intake first, then running work settles")
+    finally:
+        for adapter in reversed(started):
+            try:
+                await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)
+            except Exception as exc:
+                log.warning("adapter %s did not stop cleanly: %r", adapter.name, exc)
+        try:
+            await asyncio.wait_for(runtime.close(), SHUTDOWN_STEP_TIMEOUT * 2)
+        except Exception as exc:
+            log.warning("closing the harness: %r", exc)
+            code = EXIT_ERROR
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+    if code == EXIT_OK:
+        console.say("durable-bots: stopped cleanly")
+    return code
