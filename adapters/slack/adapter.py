@@ -1,0 +1,417 @@
+"""`SlackAdapter`: Slack events in (Socket Mode or the HTTP Events API), the bridge's transport out.
+
+Intake: commit, then acknowledge. The bolt app runs with `process_before_response=True`, so the Socket Mode
+ack (or the HTTP 200) goes out only after the listener returned, that is after `bridge.intake` committed the
+message. If the process dies before that, Slack sees no ack and redelivers; a listener that raises gets no ack
+either (HTTP 500), so Slack retries. Retries are never dropped by their `x-slack-retry-num`: they are normal
+deliveries through the bridge's dedupe, which keys on the message (`team:channel:ts`), never on the event id, so
+the `message` + `app_mention` pair of one post, and every retry of either, become one input. Events that are
+not input (bot posts, hidden subtypes, unknown event types) are acknowledged, or Slack would retry them for
+nothing; a bolt "unhandled request" (404) is turned into an ack for the same reason.
+
+Clicks on approval buttons are acknowledged at once (Slack wants it within 3 s and never redelivers an
+interaction), then decided in a task the adapter owns: the clicking user's groups among the gate's groups
+are looked up (`usergroups.users.list`, cached briefly), `bridge.decide` checks the policy and commits first
+writer wins, and refusals are answered privately (`chat.postEphemeral`). The bridge re-renders the request
+through `SlackTransport.update_approval`. A click lost to a crash before its decision was committed leaves the
+gate pending and its buttons working: the user clicks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.adapter.socket_mode.async_internals import send_async_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError
+from adapters.slack._api import SlackPermanentError, call
+from adapters.slack.blocks import ACTION_PATTERN, parse_action
+from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, parse_options
+from adapters.slack.directory import Directory
+from adapters.slack.events import MalformedEvent, human_message
+from adapters.slack.transport import SlackTransport
+
+log = logging.getLogger("adapters.slack")
+
+SIGNATURE_WINDOW = 300  # seconds: Slack's replay window for request timestamps
+DRAIN_TIMEOUT = 5.0
+
+
+def signature_valid(
+    secret: str, body: bytes, timestamp: str | None, signature: str | None, now: float
+) -> bool:
+    """Slack's v0 request signature over the raw bytes (HMAC-SHA256 of `v0:{timestamp}:{body}`), with the
+    5-minute replay window and a constant-time compare. Works on bytes, so a body that is not UTF-8 is simply
+    checked, not a crash."""
+    if not timestamp or not signature:
+        return False
+    try:
+        stamp = int(timestamp)
+    except ValueError:
+        return False
+    if abs(now - stamp) > SIGNATURE_WINDOW:
+        return False
+    base = b"v0:" + timestamp.encode() + b":" + body
+    expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, signature)
+
+
+REFUSALS = {
+    "not_an_approver": "You are not an approver for `{tool}`, so your click was not counted.",
+    "self_approval": "You cannot approve or deny your own request for `{tool}`.",
+    "unknown_gate": "This approval request is not known (any more).",
+}
+
+
+def refusal_text(decision: Decision, tool: str) -> str:
+    if decision.reason == "already_decided":
+        if decision.status == "expired":
+            return f"This request for `{tool}` already expired."
+        return (
+            f"This request for `{tool}` was already {decision.status} by {decision.decided_by or 'someone'}."
+        )
+    template = REFUSALS.get(decision.reason or "", "Your click was not counted ({reason}).")
+    return template.format(tool=tool, reason=decision.reason)
+
+
+class SlackAdapter:
+    name = "slack"
+
+    def __init__(
+        self, options: SlackOptions, secrets: SlackSecrets, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.options = options
+        self._secrets = secrets
+        self._clock = clock
+        self.url: str | None = None  # HTTP mode: the Request URL once started
+        self.bridge: Bridge | None = None
+        self.transport: SlackTransport | None = None
+        self.team_id: str | None = None
+        self.bot_user_id: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._client: AsyncWebClient | None = None
+        self._app: AsyncApp | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    def __repr__(self) -> str:  # never show secrets
+        return f"SlackAdapter(mode={self.options.mode!r}, url={self.url!r})"
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self, bridge: Bridge) -> None:
+        """Connect (auth.test), attach the transport, catch up on missed messages, then start intake."""
+        self.bridge = bridge
+        self._stopping = False
+        self._session = aiohttp.ClientSession()
+        # No retry handlers: a re-sent chat.postMessage after a lost response would post twice. Failures reach
+        # the bridge, which reconciles by metadata before posting again and honours Retry-After.
+        self._client = AsyncWebClient(
+            token=self._secrets.bot_token,
+            base_url=self._secrets.api_url,
+            session=self._session,
+            retry_handlers=[],
+            logger=logging.getLogger("adapters.slack.sdk"),
+        )
+        try:
+            auth = await call("auth.test", self._client.auth_test())
+            self.team_id = str(auth["team_id"])
+            self.bot_user_id = str(auth["user_id"])
+            bot_id = auth.get("bot_id")
+            governor = bridge.governor("slack")
+            directory = Directory(
+                self._client,
+                governor,
+                user_ttl=self.options.user_cache_ttl,
+                group_ttl=self.options.group_cache_ttl,
+                lookup_timeout=self.options.lookup_timeout,
+            )
+            self.transport = SlackTransport(
+                self._client,
+                options=self.options,
+                directory=directory,
+                governor=governor,
+                team_id=self.team_id,
+                bot_user_id=self.bot_user_id,
+                bot_id=str(bot_id) if bot_id else None,
+                bridge=bridge,
+            )
+            bridge.attach(self.transport)
+            self._app = self._build_app()
+            log.info(
+                "Slack: connected to team %s as %s (%s mode)",
+                self.team_id,
+                self.bot_user_id,
+                self.options.mode,
+            )
+            if self.options.catch_up:
+                await self._catch_up()
+            if self.options.mode == "socket":
+                await self._start_socket()
+            else:
+                await self._start_http()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop intake (no more acks), let in-flight click decisions finish briefly, close connections."""
+        self._stopping = True
+        if self._socket is not None:
+            socket, self._socket = self._socket, None
+            try:
+                await socket.close_async()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                log.warning("closing the Socket Mode connection failed: %s", exc)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self.transport is not None:
+            self.transport.close()
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def _catch_up(self) -> None:
+        assert self.bridge is not None and self.transport is not None
+        places = [p for p in await self.bridge.known_places("slack") if p.workspace == self.team_id]
+        if not places:
+            return
+        count = await self.bridge.catch_up(self.transport, places)
+        log.info("Slack: caught up on %d message(s) in %d place(s)", count, len(places))
+
+    # --- bolt ---------------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> AsyncApp:
+        app = AsyncApp(
+            client=self._client,
+            name="durable-bots",
+            signing_secret=self._secrets.signing_secret or "",
+            process_before_response=True,  # the ack goes out after the listener: commit, then ack
+            request_verification_enabled=self.options.mode == "http",
+            logger=logging.getLogger("adapters.slack.bolt"),
+        )
+        app.event("message")(self._on_message)
+        app.event("app_mention")(self._on_message)
+        app.action(ACTION_PATTERN)(self._on_gate_click)
+        return app
+
+    async def _on_message(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """`message` and `app_mention`: commit the input; returning lets bolt ack. Raising means no ack."""
+        bridge, transport = self.bridge, self.transport
+        assert bridge is not None and transport is not None and self.bot_user_id is not None
+        try:
+            human = human_message(event, bot_user_id=self.bot_user_id, bot_id=transport.bot_id)
+        except MalformedEvent as exc:
+            # Acknowledged: a retry of the same malformed event cannot succeed either.
+            log.warning("ignoring a malformed %s event %s: %s", event.get("type"), body.get("event_id"), exc)
+            return
+        if human is None:
+            return
+        mention_event = event.get("type") == "app_mention"  # never sent for DMs
+        incoming = await transport.incoming(human, is_dm=False if mention_event else None)
+        result = await bridge.intake(incoming)
+        log.debug(
+            "intake %s via %s %s: %s",
+            incoming.request_id,
+            event.get("type"),
+            body.get("event_id"),
+            result.outcome,
+        )
+
+    async def _on_gate_click(
+        self, ack: Any, body: dict[str, Any], action: dict[str, Any], respond: Any
+    ) -> None:
+        await ack()  # within Slack's 3 s; Slack never redelivers a click
+        parsed = parse_action(str(action.get("action_id") or ""))
+        if parsed is None or self._stopping:
+            return
+        approve, gate_id = parsed
+        self._spawn(self._decide(body, gate_id, approve, respond), name=f"slack-gate-click-{gate_id}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Slack: %s failed", task.get_name(), exc_info=task.exception())
+
+    async def _decide(self, body: dict[str, Any], gate_id: int, approve: bool, respond: Any) -> None:
+        bridge, transport = self.bridge, self.transport
+        assert bridge is not None and transport is not None
+        user = body.get("user") or {}
+        user_id = str(user.get("id") or "")
+        container = body.get("container") or {}
+        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        thread = container.get("thread_ts")
+        gate = await bridge.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
+        tool = str(gate.get("tool") or "the tool")
+        name = await transport.directory.name(user_id, fallback=user.get("name"))
+        groups: list[str] = []
+        requester = (gate.get("requester") or {}).get("user_id")
+        needs_groups = (
+            gate.get("status") == "pending"
+            and bool(gate.get("groups"))
+            and user_id not in (gate.get("approvers") or [])
+            and (requester != user_id or gate.get("allow_self_approval"))
+        )
+        if needs_groups:
+            try:
+                groups = await transport.directory.groups_of(user_id, [str(g) for g in gate["groups"]])
+            except (TransportError, SlackPermanentError) as exc:
+                log.warning("could not read user groups for a click on gate %s: %s", gate_id, exc)
+                await self._tell(
+                    channel,
+                    user_id,
+                    thread,
+                    respond,
+                    "I could not check your Slack user groups; please try again.",
+                )
+                return
+        decision = await bridge.decide(
+            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups
+        )
+        log.info(
+            "Slack: %s clicked %s on gate %s: %s",
+            user_id,
+            "approve" if approve else "deny",
+            gate_id,
+            "accepted" if decision.accepted else decision.reason,
+        )
+        if not decision.accepted:
+            await self._tell(channel, user_id, thread, respond, refusal_text(decision, tool))
+
+    async def _tell(self, channel: str, user: str, thread: Any, respond: Any, text: str) -> None:
+        """A private answer to a click: an ephemeral message, or the click's response_url if that fails."""
+        assert self._client is not None
+        try:
+            await call(
+                "chat.postEphemeral",
+                self._client.chat_postEphemeral(
+                    channel=channel,
+                    user=user,
+                    text=text,
+                    thread_ts=thread if isinstance(thread, str) else None,
+                ),
+            )
+            return
+        except (TransportError, SlackPermanentError) as exc:
+            log.warning("chat.postEphemeral failed (%s); answering through the response_url", exc)
+        try:
+            await respond(text=text, response_type="ephemeral", replace_original=False)
+        except Exception as exc:
+            log.warning("could not answer a refused click privately: %s", exc)
+
+    # --- Socket Mode --------------------------------------------------------------------------------------------
+
+    async def _start_socket(self) -> None:
+        assert self._app is not None and self._secrets.app_token is not None
+        handler = AsyncSocketModeHandler(
+            self._app, app_token=self._secrets.app_token, logger=logging.getLogger("adapters.slack.socket")
+        )
+        # Same as bolt's own handler, except that a request no listener handled (404) is still acknowledged.
+        handler.client.socket_mode_request_listeners[:] = [self._on_socket_request]
+        self._socket = handler
+        await handler.connect_async()  # type: ignore[no-untyped-call]
+
+    async def _on_socket_request(self, client: Any, req: Any) -> None:
+        assert self._app is not None
+        started = time.time()
+        headers: dict[str, str | Sequence[str]] = {}
+        if req.retry_attempt is not None:
+            headers["x-slack-retry-num"] = str(req.retry_attempt)
+        if req.retry_reason is not None:
+            headers["x-slack-retry-reason"] = req.retry_reason
+        request = AsyncBoltRequest(mode="socket_mode", body=req.payload, headers=headers or None)
+        response = await self._app.async_dispatch(request)
+        if response.status == 404:
+            log.debug("acknowledging an unhandled %s envelope", req.type)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
+        await send_async_response(client, req, response, started)
+
+    # --- HTTP Events API ----------------------------------------------------------------------------------------
+
+    async def _start_http(self) -> None:
+        web_app = web.Application(client_max_size=4 * 1024 * 1024)
+        web_app.router.add_post(self.options.path, self._on_http_request)
+        runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.options.host, self.options.port)
+        await site.start()
+        self._runner = runner
+        host, port = runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}{self.options.path}"
+        log.info("Slack: listening for events on %s", self.url)
+
+    async def _on_http_request(self, request: web.Request) -> web.StreamResponse:
+        """Verify the signature first (401, nothing looked at), then decode (400), then bolt.
+
+        An undecodable body that carries a valid signature gets 400 with `X-Slack-No-Retry: 1`: it is not UTF-8
+        JSON or form data, so there is nothing to store, and the same bytes would fail again on every retry.
+        A decodable payload with a broken event is acknowledged by the listener (logged), since a retry of it
+        cannot succeed either."""
+        assert self._app is not None and self._secrets.signing_secret is not None
+        raw = await request.read()
+        if not signature_valid(
+            self._secrets.signing_secret,
+            raw,
+            request.headers.get("X-Slack-Request-Timestamp"),
+            request.headers.get("X-Slack-Signature"),
+            self._clock(),
+        ):
+            log.warning(
+                "rejected a request with a missing, stale or invalid signature from %s", request.remote
+            )
+            return web.Response(status=401, text="invalid signature")
+        if self._stopping:
+            return web.Response(status=503, text="stopping")
+        headers: dict[str, str | Sequence[str]] = {}
+        for key, value in request.headers.items():
+            previous = headers.get(key.lower())
+            headers[key.lower()] = [value] if previous is None else [*previous, value]
+        try:
+            bolt_request = AsyncBoltRequest(
+                body=raw.decode("utf-8"),
+                query=request.query_string,
+                headers=dict(headers),
+            )
+        except ValueError as exc:  # UnicodeDecodeError, json.JSONDecodeError
+            log.warning("rejected a signed but undecodable request body (%d bytes): %s", len(raw), exc)
+            return web.Response(status=400, text="malformed body", headers={"X-Slack-No-Retry": "1"})
+        response = await self._app.async_dispatch(bolt_request)
+        if response.status == 404:
+            log.debug("acknowledging an unhandled request")
+            return web.Response(status=200)
+        result: web.Response = await to_aiohttp_response(response)
+        return result
+
+
+def create(options: Mapping[str, Any], env: Mapping[str, str]) -> SlackAdapter:
+    """Build the adapter from the `[adapters.slack]` table and the environment (secrets only from there)."""
+    parsed = parse_options(options)
+    return SlackAdapter(parsed, load_secrets(parsed, env))

@@ -1,0 +1,95 @@
+"""Configuration of the Slack adapter: the `[adapters.slack]` table (validated, errors name the key) and the
+secrets, which come only from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DEFAULT_API_URL = "https://slack.com/api/"
+
+
+class SlackConfigError(ValueError):
+    """The `[adapters.slack]` table or the Slack environment variables are invalid (the message names the key)."""
+
+
+class SlackOptions(BaseModel):
+    """The `[adapters.slack]` table of a bot config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Read by the host that picks adapters; the adapter itself ignores it."""
+    mode: Literal["socket", "http"] = "socket"
+    """`socket`: Socket Mode (needs SLACK_APP_TOKEN); `http`: Events API endpoint (needs SLACK_SIGNING_SECRET)."""
+    host: str = "127.0.0.1"
+    """HTTP mode: address to listen on."""
+    port: int = Field(default=3000, ge=0, le=65535)
+    """HTTP mode: port to listen on (0: any free port; see `SlackAdapter.url`)."""
+    path: str = Field(default="/slack/events", pattern=r"^/")
+    """HTTP mode: the Request URL path for events and interactivity."""
+    max_chars: int = Field(default=3500, ge=100, le=12_000)
+    """Longest message part. Slack truncates `text` past 40,000 characters, recommends under 4,000, and takes
+    at most 12,000 characters of `markdown_text` per call: 3,500 leaves room for markdown expansion."""
+    edit_interval: float = Field(default=1.0, ge=0.0, le=60.0)
+    """Seconds between two updates of one streaming message (`chat.update` is Tier 3, ~50/min)."""
+    stream: bool = True
+    """Stream partial answers inside threads with `chat.startStream`/`appendStream`/`stopStream`."""
+    catch_up: bool = True
+    """On start, read history of known channels/threads since the last message seen."""
+    catch_up_limit: int = Field(default=1000, ge=0)
+    """At most this many messages per place on catch-up."""
+    reconcile_limit: int = Field(default=1000, ge=1)
+    """How many recent messages of a channel `find` scans for a reply's metadata key."""
+    user_cache_ttl: float = Field(default=3600.0, ge=0.0)
+    """Seconds a display name from `users.info` is reused."""
+    group_cache_ttl: float = Field(default=60.0, ge=0.0)
+    """Seconds a user group's members (`usergroups.users.list`) are reused for approval checks."""
+    lookup_timeout: float = Field(default=2.0, gt=0.0, le=30.0)
+    """Seconds a lookup on the intake path (display names) may take before the user id stands in."""
+
+
+@dataclass(frozen=True)
+class SlackSecrets:
+    bot_token: str = field(repr=False)
+    app_token: str | None = field(default=None, repr=False)
+    signing_secret: str | None = field(default=None, repr=False)
+    api_url: str = DEFAULT_API_URL
+
+
+def parse_options(options: Mapping[str, Any]) -> SlackOptions:
+    try:
+        return SlackOptions.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            key = ".".join(str(part) for part in error["loc"]) or "(table)"
+            problems.append(f"adapters.slack.{key}: {error['msg']}")
+        raise SlackConfigError("invalid [adapters.slack] config: " + "; ".join(problems)) from None
+
+
+def load_secrets(options: SlackOptions, env: Mapping[str, str]) -> SlackSecrets:
+    """Secrets only from the environment; the error names the missing variable, never a value."""
+
+    def need(name: str, why: str) -> str:
+        value = (env.get(name) or "").strip()
+        if not value:
+            raise SlackConfigError(f"{name} is not set ({why})")
+        return value
+
+    bot_token = need("SLACK_BOT_TOKEN", "the Slack adapter posts with the bot token")
+    app_token = (
+        need("SLACK_APP_TOKEN", "adapters.slack.mode = 'socket'") if options.mode == "socket" else None
+    )
+    signing_secret = (
+        need("SLACK_SIGNING_SECRET", "adapters.slack.mode = 'http' verifies request signatures")
+        if options.mode == "http"
+        else None
+    )
+    api_url = (env.get("SLACK_API_URL") or "").strip() or DEFAULT_API_URL
+    if not api_url.endswith("/"):
+        api_url += "/"
+    return SlackSecrets(bot_token, app_token, signing_secret, api_url)

@@ -1,0 +1,202 @@
+"""A real bot process for the Slack end-to-end tests: harness on SQLite + bridge + the Slack adapter.
+
+    python tests/slack/bot_process.py <workdir> '<options as JSON>'      (env: FakeSlack.env)
+
+The model is a `FauxProvider` scripted from the request, so every process (and every restart) answers alike:
+"deploy" asks for the approval-gated `deploy` tool (not replay-safe; every run is appended to
+`<workdir>/ledger.txt`), "story" writes a long streamed answer, anything else is answered with
+"answer to <input> [saw: <every user input in context>]" so tests can see what a conversation (or a thread's
+fork) contains.
+
+Prints JSON lines on stdout: `ready` (with `url` in HTTP mode), `intake` (every committed or duplicate
+intake, with the submission's status), `held`, `stopped`. Runs until SIGTERM, then shuts down gracefully
+(adapter, bridge, harness). Test-only knobs (options): `hold_after_intake` (block the first new intake after its
+commit, so the ack never goes out: the test SIGKILLs the process there), `hold` (`{"when": "story" |
+"tool_result" | <text>, "after_chunks": n}`: the model stops after n chunks until stdin says `release`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+from adapters.bridge import (
+    ApprovalPolicy,
+    Bridge,
+    BridgeConfig,
+    ChannelPolicy,
+    IncomingMessage,
+    IntakeResult,
+)
+from adapters.slack import create
+from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
+from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
+from harness_core.models import ModelInfo, ModelRequest
+from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
+from harness_core.storage import SqliteStorage
+
+WORKDIR = Path(sys.argv[1])
+OPTIONS: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+MODEL = AgentChange(model=ModelRef(provider="faux", model_id="faux-1"))
+STORY = " ".join(
+    f"Chapter {i}: the deploy pipeline woke up and checked the logs once more." for i in range(1, 9)
+)
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def ledger(line: str) -> None:
+    with open(WORKDIR / "ledger.txt", "a") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def respond(request: ModelRequest) -> AssistantMessage:
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return faux_assistant(f"deploy finished: {last.text()}")
+    users = [user_text(m) for m in request.messages if isinstance(m, UserMessage)]
+    asked = users[-1] if users else ""
+    if "deploy" in asked:
+        return faux_assistant(
+            [
+                faux_text("Deploying api once approved."),
+                faux_tool_call("deploy", {"service": "api"}, id="deploy-1"),
+            ]
+        )
+    if "story" in asked:
+        return faux_assistant(STORY)
+    return faux_assistant(f"answer to {asked} [saw: {' | '.join(users)}]")
+
+
+class GatedFaux(FauxProvider):
+    """Stops one response after `after_chunks` chunks until stdin says `release` (once per process)."""
+
+    def __init__(self, hold: dict[str, Any] | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hold = hold
+        self.released = asyncio.Event()
+
+    def _held(self, request: ModelRequest) -> bool:
+        if self.hold is None or self.released.is_set():
+            return False
+        last = request.messages[-1]
+        when = str(self.hold.get("when", ""))
+        if when == "tool_result":
+            return isinstance(last, ToolResultMessage)
+        return isinstance(last, UserMessage) and when in user_text(last)
+
+    async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
+        held = self._held(request)
+        chunks = 0
+        async for partial in super().stream(model, request):
+            yield partial
+            chunks += 1
+            if held and chunks == int(self.hold.get("after_chunks", 1) if self.hold else 1):
+                emit("held", what="generation")
+                await self.released.wait()
+
+
+class TracingBridge(Bridge):
+    held = False
+
+    async def intake(self, message: IncomingMessage) -> IntakeResult:
+        result = await super().intake(message)
+        status = None
+        if result.submission_id is not None:
+            handle = await self.harness.submission(result.submission_id)
+            status = None if handle is None else handle.record.status
+        emit(
+            "intake",
+            request_id=message.request_id,
+            outcome=result.outcome,
+            status=status,
+            user=message.user_name,
+            text=message.text,
+            dm=message.is_dm,
+        )
+        if OPTIONS.get("hold_after_intake") and result.outcome != "duplicate" and not TracingBridge.held:
+            TracingBridge.held = True
+            emit("held", what="intake")  # committed; the ack waits for this listener: it never goes out
+            await asyncio.Event().wait()
+        return result
+
+
+async def read_commands(faux: GatedFaux) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        if line.strip() == b"release":
+            faux.released.set()
+
+
+async def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+    @tool
+    def deploy(service: str, api: ToolApi) -> str:
+        """Deploy a service to production."""
+        ledger(f"deploy {service} task={api.task_id}")
+        return f"deployed {service}"
+
+    faux = GatedFaux(
+        OPTIONS.get("hold"),
+        chunk_size=int(OPTIONS.get("chunk_size", 8)),
+        delay_ms=float(OPTIONS.get("delay_ms", 0)),
+    )
+    faux.set_responder(respond)
+    registry = Registry()
+    harness = await Harness.open(
+        await SqliteStorage.open(WORKDIR / "bot.sqlite"), models=Models(faux), registry=registry
+    )
+    policy = ChannelPolicy(
+        answer=OPTIONS.get("answer", "mentions"), reply_in_thread=bool(OPTIONS.get("reply_in_thread", False))
+    )
+    bridge = TracingBridge(
+        harness,
+        config=BridgeConfig(default=policy),
+        agent=MODEL,
+        approvals=[
+            ApprovalPolicy(
+                tools=["deploy"],
+                approvers=list(OPTIONS.get("approvers", [])),
+                groups=list(OPTIONS.get("groups", [])),
+            )
+        ],
+    )
+    registry.install(bridge.extension())
+    registry.install(Extension("ops", tools=[deploy]))
+    adapter = create(OPTIONS.get("slack", {}), os.environ)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    commands = loop.create_task(read_commands(faux))
+    await adapter.start(bridge)
+    await bridge.start()
+    harness.resume()
+    emit("ready", url=adapter.url, pid=os.getpid())
+    await stop.wait()
+    await adapter.stop()
+    await bridge.stop()
+    await harness.close()
+    commands.cancel()
+    await asyncio.gather(commands, return_exceptions=True)
+    emit("stopped")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,153 @@
+"""The Slack adapter end to end: a real bot process (harness on SQLite, bridge, `adapters.slack`) against the
+loopback fake Slack, over Socket Mode. Waits are event-driven (bot output, fake state); no timing asserts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from slack_e2e import Bots, People, add_people, replies_of_bot
+
+from adapters.slack.testing import Channel, FakeSlack
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack(ack_timeout=10.0) as running:
+        yield running
+
+
+@pytest.fixture
+def people(fake: FakeSlack) -> People:
+    return add_people(fake)
+
+
+@pytest.fixture
+def general(fake: FakeSlack) -> Channel:
+    return fake.add_channel("general")
+
+
+@pytest.fixture
+async def bots(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[Bots]:
+    running = Bots(fake, tmp_path)
+    yield running
+    await running.close()
+
+
+async def test_one_post_delivered_eight_times_is_one_input_and_one_answer(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """`message` + `app_mention` for one post, each delivered as original + retries 1..3."""
+    bot = await bots.start()
+    post = await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> status of the api?")
+    await post.wait_acked()
+    answer = await fake.wait_for_message(general, contains="answer to Alice", timeout=10)
+    for delivery in post.deliveries:
+        for retry in (1, 2, 3):
+            attempt = await fake.deliver(delivery, retry_num=retry)
+            assert await attempt.wait_settled(10) == "acked"
+    await bot.wait_event("intake", count=8)
+    assert [e["outcome"] for e in bot.intakes()].count("answering") == 1
+    assert len(bot.intakes("duplicate")) == 7
+    assert [len(d.attempts) for d in post.deliveries] == [4, 4]
+    assert {a.retry_num for d in post.deliveries for a in d.attempts} == {0, 1, 2, 3}
+    await bot.stop()  # graceful: nothing in flight is left behind
+    assert [m.text for m in replies_of_bot(fake, general)] == [answer.text]
+    assert answer.text == (
+        f"answer to Alice: <@{fake.bot_user_id}> status of the api? "
+        f"[saw: Alice: <@{fake.bot_user_id}> status of the api?]"
+    )
+    assert answer.event_payload is not None and str(answer.event_payload["key"]).startswith("reply:")
+    assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_dm_is_answered_without_a_mention_and_plain_channel_chatter_is_only_context(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    bot = await bots.start()
+    chatter = await fake.user_posts(general, people.bob, "the deploy window is at 5pm")
+    await chatter.wait_acked()
+    dm = fake.open_dm(people.bob)
+    post = await fake.user_posts(dm, people.bob, "hello there")
+    await post.wait_acked()
+    answer = await fake.wait_for_message(dm, contains="answer to Bob: hello there", timeout=10)
+    question = await fake.user_posts(general, people.bob, f"<@{fake.bot_user_id}> when is the window?")
+    await question.wait_acked()
+    channel_answer = await fake.wait_for_message(general, contains="when is the window", timeout=10)
+    new = [e for e in bot.intakes() if e["outcome"] != "duplicate"]  # the mention came as two events
+    assert [(e["outcome"], e["dm"]) for e in new] == [
+        ("recorded", False),
+        ("answering", True),
+        ("answering", False),
+    ]
+    assert "Bob: the deploy window is at 5pm" in channel_answer.text  # kept as context, not answered
+    assert answer.thread_ts is None
+    assert len(replies_of_bot(fake, general)) == 1
+    await bot.stop()
+
+
+async def test_thread_replies_run_in_forks_that_see_the_channel_up_to_their_parent(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    bot = await bots.start()
+    mention = f"<@{fake.bot_user_id}>"
+    first = await fake.user_posts(general, people.alice, f"{mention} first question")
+    await first.wait_acked()
+    answer = await fake.wait_for_message(general, contains="answer to Alice", timeout=10)
+    later = await fake.user_posts(general, people.bob, "later channel message")
+    await later.wait_acked()
+
+    # A thread under the bot's answer needs no mention; its fork sees the channel up to that answer.
+    more = await fake.user_posts(general, people.alice, "tell me more", thread_ts=answer.ts)
+    await more.wait_acked()
+    in_thread = await fake.wait_for_message(general, thread_ts=answer.ts, contains="tell me more", timeout=10)
+    assert in_thread.text == (
+        f"answer to Alice: tell me more [saw: Alice: {mention} first question | Alice: tell me more]"
+    )
+
+    # A second thread (under Bob's message) gets its own fork, which does see Bob's message.
+    other = await fake.user_posts(general, people.bob, f"{mention} and this?", thread_ts=later.ts)
+    await other.wait_acked()
+    other_reply = await fake.wait_for_message(general, thread_ts=later.ts, contains="and this?", timeout=10)
+    assert other_reply.text.endswith(
+        f"[saw: Alice: {mention} first question | Bob: later channel message | Bob: {mention} and this?]"
+    )
+
+    # The first thread goes on with its own history only.
+    again = await fake.user_posts(general, people.carol, "one more", thread_ts=answer.ts)
+    await again.wait_acked()
+    last = await fake.wait_for_message(general, thread_ts=answer.ts, contains="one more", timeout=10)
+    assert last.text.endswith(
+        f"[saw: Alice: {mention} first question | Alice: tell me more | Carol: one more]"
+    )
+    await bot.stop()
+    assert [m.text for m in replies_of_bot(fake, general)] == [answer.text]
+    assert [m.ts for m in replies_of_bot(fake, general, answer.ts)] == [in_thread.ts, last.ts]
+    assert [m.ts for m in replies_of_bot(fake, general, later.ts)] == [other_reply.ts]
+
+
+async def test_three_users_posting_while_busy_are_answered_in_arrival_order_by_name(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    bot = await bots.start({"answer": "all", "hold": {"when": "q1", "after_chunks": 1}})
+    first = await fake.user_posts(general, people.alice, "q1 from alice")
+    await first.wait_acked()
+    await bot.wait_event("held")  # the model is mid-answer: the conversation is busy
+    for user, text in ((people.bob, "q2 from bob"), (people.carol, "q3 from carol")):
+        post = await fake.user_posts(general, user, text)
+        await post.wait_acked()
+    assert [(e["user"], e["status"]) for e in bot.intakes()] == [
+        ("Alice", "placed"),
+        ("Bob", "queued"),
+        ("Carol", "queued"),
+    ]
+    await bot.release()
+    await fake.wait_for(lambda: any("q3 from carol [" in m.text for m in replies_of_bot(fake, general)), 10)
+    await bot.stop()
+    answers = [m.text for m in replies_of_bot(fake, general)]
+    assert answers == [
+        "answer to Alice: q1 from alice [saw: Alice: q1 from alice]",
+        "answer to Bob: q2 from bob [saw: Alice: q1 from alice | Bob: q2 from bob]",
+        "answer to Carol: q3 from carol [saw: Alice: q1 from alice | Bob: q2 from bob | Carol: q3 from carol]",
+    ]
