@@ -26,6 +26,7 @@ from harness_core import CompactionSettings, HarnessSettings, ModelRef, RetrySet
 
 PROVIDERS = ("openai", "anthropic", "faux")
 FAUX_MODELS = ("demo",)
+HOST_ADAPTER_KEYS = ("module", "enabled")  # read by the host, not passed to an adapter's create()
 OPS_TOOLS = ("search_logs", "open_ticket", "deploy", "schedule", "search_history")
 DEFAULT_INSTRUCTIONS = (
     "You are an operations assistant in a team chat. Messages arrive as '<display name>: <text>'. "
@@ -205,10 +206,15 @@ class BotConfig(_Section):
         )
 
     def adapter_options(self, name: str) -> dict[str, Any]:
-        """The `[adapters.<name>]` table as given (minus `module`), for the adapter's `create()`."""
+        """The `[adapters.<name>]` table as given, minus the keys the host reads (`module`, `enabled`), for
+        the adapter's `create()`."""
         options = dict(self.adapters.get(name, {}))
-        options.pop("module", None)
+        for key in HOST_ADAPTER_KEYS:
+            options.pop(key, None)
         return options
+
+    def adapter_enabled(self, name: str) -> bool:
+        return bool(self.adapters.get(name, {}).get("enabled", True))
 
     def adapter_module(self, name: str) -> str:
         module = self.adapters.get(name, {}).get("module")
@@ -337,6 +343,11 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
 
 def _cross_checks(config: BotConfig) -> list[Problem]:
     problems: list[Problem] = []
+    for name, table in config.adapters.items():
+        if "module" in table and not (isinstance(table["module"], str) and table["module"].strip()):
+            problems.append(config.problem(("adapters", name, "module"), "must be a module name (a string)"))
+        if "enabled" in table and not isinstance(table["enabled"], bool):
+            problems.append(config.problem(("adapters", name, "enabled"), "must be true or false"))
     approvals = config.approvals
     if approvals.tools and not approvals.approvers and not approvals.groups:
         problems.append(

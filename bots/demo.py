@@ -269,6 +269,22 @@ class Findings:
     errors: dict[str, list[str]]
     releases: dict[str, tuple[str, str]]
 
+    def most_common(self, service: str) -> str:
+        return Counter(self.errors[service]).most_common(1)[0][0]
+
+    def summary(self, service: str) -> str:
+        errors = self.errors.get(service, [])
+        if not errors:
+            return ""
+        common, count = Counter(errors).most_common(1)[0]
+        text = (
+            f"The logs show {len(errors)} error(s) from {service}; the most frequent ({count}x) is: {common}."
+        )
+        others = sorted(s for s in self.errors if s != service)
+        if others:
+            text += f" There are also errors from {', '.join(others)}."
+        return text
+
     def focus(self, text: str) -> str | None:
         mentioned = [s for s in self.errors if re.search(rf"\b{re.escape(s)}\b", text.lower())]
         if mentioned:
@@ -313,14 +329,8 @@ def _incident(turn: Turn) -> AssistantMessage:
                 "The logs show no errors right now. If something still looks wrong, tell me which service "
                 "and I will look closer, or ask me to open a ticket."
             )
-        errors = findings.errors[service]
-        common, count = Counter(errors).most_common(1)[0]
-        summary = (
-            f"The logs show {len(errors)} error(s) from {service}; the most frequent ({count}x) is: {common}."
-        )
-        others = sorted(s for s in findings.errors if s != service)
-        if others:
-            summary += f" There are also errors from {', '.join(others)}."
+        summary = findings.summary(service)
+        common = findings.most_common(service)
         release = findings.releases.get(service)
         if release is not None and "deploy" in turn.tools:
             version, what = release
@@ -339,13 +349,15 @@ def _incident(turn: Turn) -> AssistantMessage:
                 f"{summary} No fixed build of {service} is ready, so I am opening a ticket.",
             )
         return faux_assistant(summary)
+    # The answer replaces what was shown during the run: make it stand on its own.
+    summary = findings.summary(service) if service else ""
     if last.tool_name == "deploy":
         version = findings.releases.get(service or "", ("?", ""))[0]
-        return faux_assistant(_deploy_report(last, service or "the service", version))
+        return faux_assistant(f"{summary}\n{_deploy_report(last, service or 'the service', version)}".strip())
     if last.tool_name == "open_ticket":
         return faux_assistant(
-            f"{last.text()}. I will keep an eye on the error rate; ping me if it gets worse or "
-            "if you want a deploy once a fix is built."
+            f"{summary}\nNo fixed build is ready, so I opened a ticket: {last.text()}. I will keep an eye on the "
+            "error rate; ping me if it gets worse or if you want a deploy once a fix is built.".strip()
         )
     return faux_assistant(f"`{last.tool_name}` returned: {last.text()}")
 
@@ -367,8 +379,8 @@ def _deploy_report(result: ToolResultMessage, service: str, version: str) -> str
     text = result.text()
     if not result.is_error:
         return (
-            f"Deployed {service} {version}. {text} I will watch the logs for the next few minutes; if the "
-            "errors continue, ask me to look again or to open a ticket."
+            f"Deployed {service} {version} after approval. {text} I will watch the logs for the next few "
+            "minutes; if the errors continue, ask me to look again or to open a ticket."
         )
     if "denied" in text:
         return f"The deploy of {service} {version} was not approved ({text}), so nothing was deployed."

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
-from bots.config import BotConfig
+from bots.config import BotConfig, Problem
 from bots.ops import place_label
 from bots.runtime import (
     EXIT_ERROR,
@@ -22,8 +22,10 @@ from bots.runtime import (
     BotError,
     Runtime,
     adapter_factory,
+    adapter_problem,
     check_tools,
     enabled_tools,
+    env_problem,
     known_tools,
     open_runtime,
 )
@@ -406,17 +408,27 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     if ref.provider == "anthropic" and not env.get("ANTHROPIC_API_KEY"):
         warnings.append("ANTHROPIC_API_KEY is not set")
     adapters: list[str] = []
+    refused: list[Problem] = []
     for name in config.adapters:
+        state = "" if config.adapter_enabled(name) else ", enabled = false"
         try:
-            adapter_factory(config, name)
-            adapters.append(f"{name} ({config.adapter_module(name)})")
+            factory = adapter_factory(config, name)
         except BotError as exc:
-            adapters.append(f"{name} (unavailable)")
+            adapters.append(f"{name} (unavailable{state})")
             warnings.append(str(exc))
-        if name == "slack" and not env.get("SLACK_BOT_TOKEN"):
-            warnings.append("SLACK_BOT_TOKEN is not set (needed by the slack adapter)")
-        if name == "discord" and not env.get("DISCORD_BOT_TOKEN"):
-            warnings.append("DISCORD_BOT_TOKEN is not set (needed by the discord adapter)")
+            continue
+        try:
+            factory(config.adapter_options(name), env)  # validates the table; connects nothing
+        except Exception as exc:
+            if env_problem(str(exc)):
+                warnings.append(f"{name}: {exc}")
+            else:
+                refused.append(adapter_problem(config, name, exc))
+        adapters.append(f"{name} ({config.adapter_module(name)}{state})")
+    if refused:
+        for problem in refused:
+            print(problem, file=err)
+        return EXIT_ERROR
     approvals = config.approvals
     model_note = " (offline demo script)" if ref.provider == "faux" else ""
     _say(out, f"{config.source}: OK")

@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -307,14 +308,56 @@ def adapter_factory(config: BotConfig, name: str) -> AdapterFactory:
 
 
 def adapter_names(config: BotConfig, requested: Sequence[str]) -> list[str]:
-    """`--adapter` values in order (deduplicated); without any, every `[adapters.<name>]` table."""
-    names = list(dict.fromkeys(requested)) if requested else list(config.adapters)
+    """`--adapter` values in order (deduplicated); without any, every `[adapters.<name>]` table that is not
+    `enabled = false`."""
+    names = (
+        list(dict.fromkeys(requested))
+        if requested
+        else [name for name in config.adapters if config.adapter_enabled(name)]
+    )
     if not names:
         raise BotError(
             "no adapter to run: pass --adapter slack|discord|devchat or add an [adapters.<name>] table to "
             f"{config.source}"
         )
     return names
+
+
+SECRET_ENV_NAMES = (
+    "SLACK_BOT_TOKEN",
+    "SLACK_APP_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "DISCORD_BOT_TOKEN",
+    "SLACK_API_URL",
+    "DISCORD_API_URL",
+    "DISCORD_GATEWAY_URL",
+)
+
+
+def adapter_problem(config: BotConfig, name: str, exc: BaseException) -> Problem:
+    """An adapter's `create()` refused its table: locate the key its message names (adapters word their
+    errors as `adapters.<name>.<key>: ...` or `<key>: ...`), else point at the table."""
+    message = str(exc)
+    table = config.adapters.get(name, {})
+    loc: tuple[str | int, ...] = ("adapters", name)
+    found = re.search(rf"adapters\.{re.escape(name)}\.([A-Za-z0-9_]+)", message)
+    if found is None:
+        found = next(
+            (
+                m
+                for m in re.finditer(r"(?:^|[\s;:])([A-Za-z0-9_]+)(?:\.[A-Za-z0-9_]+)*: ", message)
+                if m.group(1) in table
+            ),
+            None,
+        )
+    if found is not None:
+        loc = (*loc, found.group(1))
+    return config.problem(loc, f"the {name} adapter refused it: {message}")
+
+
+def env_problem(message: str) -> bool:
+    """Whether an adapter's refusal is about the environment (a missing token), not the file."""
+    return any(name in message for name in SECRET_ENV_NAMES)
 
 
 def adapter_url(adapter: Adapter, options: Mapping[str, Any]) -> str | None:
@@ -360,7 +403,7 @@ async def run_bot(
         try:
             adapter = factories[name](options, env)
         except Exception as exc:
-            raise BotError(f"adapter {name!r} refused its configuration: {exc}") from None
+            raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
     runtime = await open_runtime(config, env)
     console.say(

@@ -1,0 +1,216 @@
+"""The CLI as an operator uses it: real `python -m bots` processes over one SQLite file, real SIGKILL/SIGTERM.
+
+The bot runs on a fake chat adapter (`bots_fake_chat`, loaded through the config like any adapter) with the
+faux:demo model; `/call <tool> {json}` messages make the demo call a tool by hand. `bots_crash_tools` (a
+`[tools] modules` plugin) supplies tools that kill their own process at chosen moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from bots_cli_support import BotProcess, bot_env, cli, journal, ledger, write_config
+
+from harness_core.storage import SqliteStorage
+
+pytestmark = pytest.mark.slow
+
+
+def call(tool: str, arguments: dict[str, object], message_id: str = "1") -> dict[str, str]:
+    return {"id": message_id, "text": f"/call {tool} {json.dumps(arguments)}"}
+
+
+async def run_until_killed(config: Path, env: dict[str, str]) -> None:
+    bot = await BotProcess.start(config, env=env)
+    code = await bot.finish()
+    assert code == -9, (
+        f"expected the tool to SIGKILL the bot, got {code}\n{bot.output()}\n{await bot.stderr()}"
+    )
+
+
+async def test_inspect_lists_a_parked_task_and_retry_runs_it(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[call("fragile", {})], restart_limit=1)
+    # The tool kills its process every time: once, and once more after the restart (1 restart allowed).
+    await run_until_killed(config, env)
+    await run_until_killed(config, env)
+    assert ledger(tmp_path) == ["fragile", "fragile"]
+
+    inspected = await cli(config, "inspect", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    parked_lines = [line for line in inspected.stdout.splitlines() if "PARKED" in line]
+    assert len(parked_lines) == 1 and "core.tool fragile" in parked_lines[0], inspected.stdout
+    report = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)
+    (task_id,) = report["parked"]
+    assert f"durable-bots retry {task_id}" in parked_lines[0]
+    assert [t["tool"] for t in report["tasks"] if t["state"] == "parked"] == ["fragile"]
+
+    (tmp_path / "repaired").touch()  # the operator fixes the cause
+    retried = await cli(config, "retry", str(task_id), env=env)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
+    assert "result: worked this time" in retried.stdout
+    assert ledger(tmp_path) == ["fragile", "fragile", "fragile"]
+
+    after = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)
+    assert after["parked"] == [] and after["tasks"] == []
+
+    # The transcript, as JSONL: the question, the call, the tool's result, the answer to it.
+    (conversation,) = [c for c in after["conversations"] if c["place"]]
+    exported = await cli(config, "export", str(conversation["id"]), env=env)
+    assert exported.returncode == 0, exported.stderr
+    entries = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert [e["id"] for e in entries] == sorted(e["id"] for e in entries)
+    kinds = [e["kind"] for e in entries if e["kind"] != "core.system"]
+    assert kinds == ["core.user", "core.assistant", "core.tool-result", "core.assistant"]
+    assert entries[0]["model"][0]["content"] == "alice: /call fragile {}"
+    result = next(e for e in entries if e["kind"] == "core.tool-result")["model"][0]
+    assert result["content"][0]["text"] == "worked this time" and not result["is_error"]
+
+    out = tmp_path / "export" / "transcript.jsonl"
+    to_file = await cli(config, "export", str(conversation["id"]), "--out", str(out), env=env)
+    assert to_file.returncode == 0 and f"wrote {len(entries)} entries" in to_file.stderr
+    assert [json.loads(line) for line in out.read_text().splitlines()] == entries
+
+
+async def test_retry_of_an_unknown_task_and_export_of_an_unknown_conversation_fail_clearly(
+    tmp_path: Path,
+) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path)
+    missing = await cli(config, "inspect", env=env)
+    assert missing.returncode == 1 and "there is no storage at" in missing.stderr
+    bot = await BotProcess.start(config, env=env)
+    assert await bot.wait_for(lambda line: "durable-bots: ready" in line) is not None
+    assert await bot.terminate() == 0
+    retried, exported = await asyncio.gather(
+        cli(config, "retry", "999999", env=env), cli(config, "export", "999999", env=env)
+    )
+    assert retried.returncode == 1 and "there is no task 999999" in retried.stderr
+    assert exported.returncode == 1 and "there is no conversation 999999" in exported.stderr
+
+
+async def test_a_second_process_on_the_same_storage_exits_2_and_names_the_holder(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path)
+    bot = await BotProcess.start(config, env=env)
+    try:
+        assert await bot.wait_for(lambda line: "durable-bots: ready" in line) is not None, await bot.stderr()
+        storage = tmp_path / "bot.sqlite"
+        holder = (
+            f"another durable-bots process (pid {bot.pid}, host {socket.gethostname()}) is using {storage}"
+        )
+        commands = (["run"], ["inspect"], ["approvals"], ["retry", "1"], ["export", "1"])
+        second, *operators = await asyncio.gather(*(cli(config, *c, env=env) for c in commands))
+        assert second.returncode == 2
+        assert f"{holder}; stop it first" in second.stderr
+        for command, refused in zip(commands[1:], operators, strict=True):
+            assert refused.returncode == 2, command
+            assert holder in refused.stderr and "stop the bot" in refused.stderr
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+
+
+async def test_sigterm_mid_answer_stops_cleanly_and_the_restart_finishes_the_same_message(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path, messages=[{"id": "1", "text": "hello"}])
+    slow = bot_env(tmp_path, DURABLE_BOTS_DEMO_DELAY_MS="40")
+    bot = await BotProcess.start(config, env=slow)
+    try:
+        # The help answer streams for a few seconds; stop the bot once part of it is on the "platform".
+        partial = await bot.wait_for_fake(
+            lambda r: r["op"] == "edit" and not r["final"] and len(r["text"]) > 10
+        )
+        assert await bot.terminate() == 0, await bot.stderr()
+    finally:
+        await bot.kill()
+    assert "stopping (SIGTERM)" in bot.output() and "stopped cleanly" in bot.output()
+
+    # Nothing is left running, and the graceful stop did not count as a crash.
+    storage = await SqliteStorage.open(tmp_path / "bot.sqlite")
+    try:
+        live = (await storage.scan_tasks(live=True, limit=100)).items
+    finally:
+        await storage.close()
+    assert live, "the interrupted answer must still be there to resume"
+    assert all(t.state.status != "running" and t.restarts == 0 for t in live)
+
+    bot = await BotProcess.start(config, env=bot_env(tmp_path))
+    try:
+        final = await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "kill me" in r["text"])
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    assert final["id"] == partial["id"], "the restarted bot finishes the message it had started"
+    creates = [r for r in journal(tmp_path) if r["op"] == "create" and r["key"] == partial["key"]]
+    assert len(creates) == 1, "no second post of the same answer"
+
+
+async def test_open_ticket_replayed_after_a_crash_finds_its_ticket(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[call("open_ticket", {"title": "NPE in OrderService"})])
+    await run_until_killed(config, env)  # the ticket exists, the tool result was never committed
+    assert len(json.loads((tmp_path / "tickets.json").read_text())) == 1
+
+    bot = await BotProcess.start(config, env=env)
+    try:
+        answer = await bot.wait_for_fake(
+            lambda r: "returned" in r.get("text", "") and "TICKET-1" in r["text"]
+        )
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    assert ledger(tmp_path) == ["open_ticket NPE in OrderService"] * 2  # replayed (replay="safe") ...
+    tickets = json.loads((tmp_path / "tickets.json").read_text())
+    assert [t["id"] for t in tickets] == ["TICKET-1"]  # ... and the key kept it from creating a duplicate
+    assert "TICKET-1 is already open" in answer["text"]
+
+
+async def test_search_history_replayed_after_a_crash_reuses_its_child_conversation(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    messages = [
+        {"id": "1", "text": "heads up: the checkout deploy is at 5pm", "name": "bob"},
+        call("search_history", {"question": "when is the checkout deploy?"}, message_id="2"),
+    ]
+    config = write_config(tmp_path, messages=messages)
+    await run_until_killed(config, env)  # killed inside the subagent's lookup tool
+    bot = await BotProcess.start(config, env=env)
+    try:
+        answer = await bot.wait_for_fake(lambda r: "earlier message" in r.get("text", ""))
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    assert ledger(tmp_path) == ["lookup checkout deploy"] * 2
+    assert "bob: heads up: the checkout deploy is at 5pm" in answer["text"]
+
+    report = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)
+    children = [c for c in report["conversations"] if c["owner_task_id"] is not None]
+    assert len(children) == 1, "the re-executed tool found its child instead of creating another"
+    exported = await cli(config, "export", str(children[0]["id"]), env=env)
+    questions = [e for e in map(json.loads, exported.stdout.splitlines()) if e["kind"] == "core.user"]
+    assert len(questions) == 1, "the child was asked once (same request id on re-execution)"
+
+
+async def test_approvals_lists_a_pending_deploy_request(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[{"id": "1", "text": "deploy checkout 1.4.3"}])
+    bot = await BotProcess.start(config, env=env)
+    try:
+        gate = await bot.wait_for_fake(lambda r: r["op"] == "approval")
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    listed = await cli(config, "approvals", env=env)
+    assert listed.returncode == 0, listed.stderr
+    pending = listed.stdout.split("decided (0):")[0]
+    assert f"gate #{gate['gate']}" in pending and '{"service": "checkout", "version": "1.4.3"}' in pending
+    assert "asked by alice" in pending and "approvers: U-lead" in pending
+    inspected = await cli(config, "inspect", env=env)
+    assert "pending approvals (1):" in inspected.stdout
+    assert any("core.tool deploy" in line and "waiting" in line for line in inspected.stdout.splitlines())
