@@ -135,6 +135,9 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries the parent's high-water mark across
+    fork+exec, so a child spawned by a big parent would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
