@@ -51,6 +51,13 @@ class Bridge:
 
     def attach(self, transport: Transport) -> None:
         self.transports[transport.platform] = transport
+        if self.started:
+            # Attached after start(): workers that found no transport for this platform gave up; pick their
+            # replies and approval messages up again (each worker skips what another platform delivers).
+            for key in list(self.delivery.active):
+                self.delivery.kick(key)
+            for key, value in list(self.approvals.gates.items()):
+                self.approvals.track(key, value)
 
     def governor(self, platform: str) -> RateGovernor:
         governor = self._governors.get(platform)
