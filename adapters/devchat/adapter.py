@@ -1,0 +1,93 @@
+"""`DevchatAdapter`: devchat as a platform adapter. `start(bridge)` opens the chat store, attaches the transport,
+feeds posts the bot has not seen yet through the bridge's exactly-once intake, then serves the page."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from adapters.bridge import Bridge, Place
+from adapters.devchat.options import DevchatOptions, parse_options
+from adapters.devchat.server import DevchatServer
+from adapters.devchat.store import ChatStore
+from adapters.devchat.transport import DevchatTransport
+
+log = logging.getLogger("adapters.devchat")
+
+# The bridge keys the parts of an answer "reply:<submission id>#<part>[+]" (adapters/bridge/delivery.py).
+REPLY_KEY = re.compile(r"^reply:(\d+)#")
+
+
+class DevchatAdapter:
+    name = "devchat"
+
+    def __init__(self, options: DevchatOptions) -> None:
+        self.options = options
+        self.store: ChatStore | None = None
+        self.transport: DevchatTransport | None = None
+        self.server: DevchatServer | None = None
+        self.bridge: Bridge | None = None
+
+    @property
+    def url(self) -> str:
+        """Where the page is served (after `start`)."""
+        return "" if self.server is None else self.server.url
+
+    async def start(self, bridge: Bridge) -> None:
+        if self.server is not None:
+            return
+        self.bridge = bridge
+        store = await ChatStore.open(self.options.store, keep_events=self.options.keep_events)
+        try:
+            for channel in self.options.channels:
+                await store.add_channel(channel, None)
+            transport = DevchatTransport(
+                store,
+                workspace=self.options.workspace,
+                bot_name=self.options.bot_name,
+                max_chars=self.options.max_chars,
+                edit_interval=self.options.edit_interval,
+                is_final=self._answer_finished,
+            )
+            bridge.attach(transport)
+            caught = await bridge.catch_up(transport, await self._places(store, transport, bridge))
+            if caught:
+                log.info("devchat: %d message(s) posted while the bot was down handed over", caught)
+            server = DevchatServer(self.options, store, transport, bridge)
+            await server.start()
+        except BaseException:
+            await store.close()
+            raise
+        self.store, self.transport, self.server = store, transport, server
+        log.info("devchat: serving %s", server.url)  # the `bots` CLI prints `url` for the operator
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+
+    async def _places(self, store: ChatStore, transport: DevchatTransport, bridge: Bridge) -> list[Place]:
+        """Every place with human posts, plus those the bridge knows: a post stored just before a crash, in a
+        channel or thread the bot never saw, is caught up too."""
+        places = {transport.place(channel, thread) for channel, thread in await store.human_places()}
+        places.update(
+            p for p in await bridge.known_places(transport.platform) if p.workspace == self.options.workspace
+        )
+        return sorted(places, key=lambda p: (p.channel, p.thread is not None, int(p.thread or 0)))
+
+    async def _answer_finished(self, key: str) -> bool:
+        match = REPLY_KEY.match(key)
+        if match is None or self.bridge is None:
+            return True
+        handle = await self.bridge.harness.submission(int(match.group(1)))
+        return handle is None or handle.record.status in ("done", "unanswered")
+
+
+def create(options: Mapping[str, Any], env: Mapping[str, str]) -> DevchatAdapter:
+    """Build the adapter from the `[adapters.devchat]` table of a bot config (errors name the key)."""
+    return DevchatAdapter(parse_options(options, env))

@@ -1,0 +1,442 @@
+"""The devchat web server: the page, its static files, `/healthz`, and the `/ws` websocket.
+
+Websocket protocol (JSON text frames). The page speaks first:
+
+    -> {"type": "hello", "cursor": 41 | null, "epoch": "..." | null}
+    <- {"type": "snapshot", "epoch", "cursor", "channels", "messages", "bot"}    (no usable cursor)
+    <- {"type": "events", "cursor", "events": [...], "resumed": true}           (resumed from the cursor)
+    <- {"type": "panel", "tasks": [...], "approvals": [...], "scheduling"}      (now, and whenever it changes)
+    <- {"type": "events", "cursor", "events": [{"seq", "type": "message" | "channel", ...}]}   (live)
+
+    -> {"type": "post", "name", "channel", "thread": id | null, "text", "client_id"}
+    <- {"type": "ack", "client_id", "message_id", "outcome"}   after the chat store AND the harness committed
+    <- {"type": "nack", "client_id", "text"}                   stored, not yet handed to the bot (resend later)
+    -> {"type": "click", "name", "gate", "approve": bool}
+    <- {"type": "notice", "level": "info" | "error", "text", "gate"}   to the clicking page only
+    -> {"type": "channel", "name", "channel"}                  create a channel
+    -> {"type": "retry", "name", "task"}                       retry a parked task
+
+A post is stored once per `client_id` (a page that lost its connection before the ack sends it again) and handed
+to the bridge (exactly once per message id) before the ack. Events carry their sequence number; a page keeps the
+last one and resumes from it after a reconnect (or gets a snapshot when the gap is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from aiohttp import WSMsgType, web
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
+from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
+from adapters.devchat.store import ChatStore
+from adapters.devchat.transport import DevchatTransport
+from harness_core import HarnessError, Publication
+
+log = logging.getLogger("adapters.devchat")
+
+STATIC = Path(__file__).with_name("static")
+QUEUE_LIMIT = 2_000  # frames waiting for one page; a page further behind is disconnected and resumes
+MAX_TEXT = 8_000
+PANEL_POLL = 1.0  # seconds; the panel also refreshes on every task or approval commit
+PANEL_MIN_GAP = 0.2
+
+
+class Hello(BaseModel):
+    type: Literal["hello"]
+    cursor: int | None = None
+    epoch: str | None = None
+
+
+class Post(BaseModel):
+    type: Literal["post"]
+    name: str
+    channel: str
+    thread: int | None = None
+    text: str = Field(max_length=MAX_TEXT)
+    client_id: str = Field(min_length=8, max_length=64)
+
+
+class Click(BaseModel):
+    type: Literal["click"]
+    name: str
+    gate: int
+    approve: bool
+
+
+class NewChannel(BaseModel):
+    type: Literal["channel"]
+    name: str
+    channel: str
+
+
+class Retry(BaseModel):
+    type: Literal["retry"]
+    name: str
+    task: int
+
+
+Incoming = TypeAdapter(Annotated[Hello | Post | Click | NewChannel | Retry, Field(discriminator="type")])
+
+REFUSALS = {
+    "not_an_approver": "{name} is not an approver for this request",
+    "self_approval": "you asked for this; another approver has to decide",
+    "already_decided": "already {status} by {by}",
+    "unknown_gate": "this approval request does not exist",
+}
+
+
+@dataclass(eq=False)
+class Client:
+    ws: web.WebSocketResponse
+    queue: asyncio.Queue[str | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    subscribed: bool = False
+
+    def send(self, payload: dict[str, Any]) -> bool:
+        try:
+            self.queue.put_nowait(json.dumps(payload))
+            return True
+        except asyncio.QueueFull:
+            # Too far behind: drop what is queued and close; the page reconnects and resumes from its cursor.
+            self.subscribed = False
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(None)
+            return False
+
+
+def place_label(place: dict[str, Any] | None) -> str | None:
+    if not place:
+        return None
+    where = Place.from_json(place)
+    label = f"#{where.channel}" if where.platform == "devchat" else f"{where.platform}:{where.channel}"
+    return label if where.thread is None else f"{label} › thread {where.thread}"
+
+
+class DevchatServer:
+    def __init__(
+        self, options: DevchatOptions, store: ChatStore, transport: DevchatTransport, bridge: Bridge
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.transport = transport
+        self.bridge = bridge
+        self.clients: set[Client] = set()
+        self.intake_lock = asyncio.Lock()  # store + intake in id order, so catch-up's "after" never skips one
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        self._panel_dirty = asyncio.Event()
+        self._panel: dict[str, Any] | None = None
+        self._panel_task: asyncio.Task[None] | None = None
+        self._dispose: Any = None
+        self._closing = False
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        app = web.Application(middlewares=[self._guard])
+        app.router.add_get("/", self._index)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/ws", self._websocket)
+        app.router.add_static("/static", STATIC, show_index=False, follow_symlinks=False)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.options.host, self.options.port)
+        try:
+            await site.start()
+        except BaseException:
+            await self.runner.cleanup()
+            self.runner = None
+            raise
+        port = int(self.runner.addresses[0][1])
+        host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
+        self.url = f"http://{host}:{port}/"
+        self.store.listeners.append(self._broadcast)
+        self._dispose = self.bridge.harness.add_publication_listener(self._on_publication)
+        self._panel_task = asyncio.get_running_loop().create_task(self._panel_loop(), name="devchat-panel")
+        return self.url
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._dispose is not None:
+            self._dispose()
+            self._dispose = None
+        if self._broadcast in self.store.listeners:
+            self.store.listeners.remove(self._broadcast)
+        for client in list(self.clients):
+            client.subscribed = False
+            with contextlib.suppress(Exception):
+                await client.ws.close(code=1001, message=b"server stopping")
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+        if self._panel_task is not None:
+            self._panel_task.cancel()
+            await asyncio.gather(self._panel_task, return_exceptions=True)
+            self._panel_task = None
+
+    # --- HTTP -------------------------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """No login, so refuse what a hostile web page could do through the user's browser: a Host that is not
+        ours (DNS rebinding) and cross-origin websockets; and keep the page to its own files."""
+        hostname = request.host.rsplit(":", 1)[0].strip("[]") if request.host else ""
+        allowed = {"127.0.0.1", "localhost", "::1", self.options.host}
+        if not self.options.allow_remote and hostname not in allowed:
+            raise web.HTTPForbidden(text="unexpected Host header")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"http://{request.host}":
+            raise web.HTTPForbidden(text="cross-origin request refused")
+        response: web.StreamResponse = await handler(request)
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            f"default-src 'self'; connect-src 'self' ws://{request.host}; img-src 'self' data:; "
+            "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"ok": True, "epoch": self.store.epoch, "cursor": await self.store.last_seq(), "url": self.url}
+        )
+
+    # --- websocket --------------------------------------------------------------------------------------------
+
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if self._closing:
+            raise web.HTTPServiceUnavailable(text="stopping")
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=64 * 1024)
+        await ws.prepare(request)
+        client = Client(ws)
+        self.clients.add(client)
+        writer = asyncio.get_running_loop().create_task(self._writer(client), name="devchat-ws-writer")
+        try:
+            async for frame in ws:
+                if frame.type != WSMsgType.TEXT:
+                    continue
+                await self._handle(client, frame.data)
+        finally:
+            client.subscribed = False
+            self.clients.discard(client)
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        return ws
+
+    async def _writer(self, client: Client) -> None:
+        while True:
+            item = await client.queue.get()
+            if item is None:
+                await client.ws.close(code=4000, message=b"too far behind; resume from your cursor")
+                return
+            try:
+                await client.ws.send_str(item)
+            except (ConnectionError, RuntimeError):
+                return
+
+    def _broadcast(self, events: list[dict[str, Any]]) -> None:
+        payload = {"type": "events", "cursor": events[-1]["seq"], "events": events}
+        for client in list(self.clients):
+            if client.subscribed:
+                client.send(payload)
+
+    async def _handle(self, client: Client, data: str) -> None:
+        try:
+            message = Incoming.validate_json(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            client.send({"type": "error", "text": f"bad message: {where}: {first['msg']}"})
+            return
+        try:
+            if isinstance(message, Hello):
+                await self._hello(client, message)
+            elif isinstance(message, Post):
+                await self._post(client, message)
+            elif isinstance(message, Click):
+                await self._click(client, message)
+            elif isinstance(message, NewChannel):
+                await self._new_channel(client, message)
+            else:
+                await self._retry(client, message)
+        except ValueError as exc:
+            client.send({"type": "error", "text": str(exc)})
+
+    async def _hello(self, client: Client, hello: Hello) -> None:
+        async with self.store.lock:  # no write may land between what we read and the subscription
+            events = None
+            if hello.cursor is not None and hello.epoch == self.store.epoch:
+                events = await self.store.events_after(hello.cursor)
+            if events is None:
+                snapshot = await self.store.snapshot()
+                client.send(
+                    {
+                        "type": "snapshot",
+                        "epoch": snapshot.epoch,
+                        "cursor": snapshot.cursor,
+                        "channels": snapshot.channels,
+                        "messages": snapshot.messages,
+                        "bot": self.options.bot_name,
+                    }
+                )
+            else:
+                cursor = events[-1]["seq"] if events else hello.cursor
+                client.send({"type": "events", "cursor": cursor, "events": events, "resumed": True})
+            client.subscribed = True
+        client.send({"type": "panel", **(await self._panel_now())})
+
+    async def _post(self, client: Client, post: Post) -> None:
+        name = _name(post.name)
+        text = post.text.strip()
+        if not text:
+            raise ValueError("empty message")
+        if not await self.store.has_channel(post.channel):
+            raise ValueError(f"no channel #{post.channel}")
+        if post.thread is not None:
+            parent = await self.store.message(post.thread)
+            if parent is None or parent["channel"] != post.channel or parent["thread"] is not None:
+                raise ValueError("a thread opens on a top-level message of the same channel")
+        async with self.intake_lock:
+            message, _ = await self.store.add_human(post.channel, post.thread, name, text, post.client_id)
+            try:
+                result = await self.bridge.intake(self.transport.incoming(message))
+            except HarnessError as exc:
+                # Stored but not handed over: the page resends (same client_id) and startup catch-up finds it.
+                log.warning("intake of devchat message %s failed: %s", message["id"], exc)
+                client.send({"type": "nack", "client_id": post.client_id, "text": "the bot is unavailable"})
+                return
+        client.send(
+            {
+                "type": "ack",
+                "client_id": post.client_id,
+                "message_id": message["id"],
+                "outcome": result.outcome,
+            }
+        )
+
+    async def _click(self, client: Client, click: Click) -> None:
+        name = _name(click.name)
+        card = await self.store.find_key_anywhere(f"approval:{click.gate}")
+        if card is None:  # only gates shown on devchat can be decided from devchat
+            self._refuse(client, click.gate, REFUSALS["unknown_gate"])
+            return
+        if self.options.approvers is not None and name not in self.options.approvers:
+            self._refuse(client, click.gate, REFUSALS["not_an_approver"].format(name=name))
+            return
+        decision = await self.bridge.decide(click.gate, user_id=name, user_name=name, approve=click.approve)
+        if decision.accepted:
+            verb = "approved" if click.approve else "denied"
+            client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
+            return
+        template = REFUSALS.get(decision.reason or "", "refused ({reason})")
+        text = template.format(
+            name=name, status=decision.status, by=decision.decided_by or "someone", reason=decision.reason
+        )
+        self._refuse(client, click.gate, text)
+
+    def _refuse(self, client: Client, gate: int, text: str) -> None:
+        client.send({"type": "notice", "level": "error", "gate": gate, "text": f"Refused: {text}"})
+
+    async def _new_channel(self, client: Client, request: NewChannel) -> None:
+        name = _name(request.name)
+        channel = request.channel.strip().lstrip("#").lower()
+        if not CHANNEL_NAME.match(channel):
+            raise ValueError("a channel name has 1-32 of a-z, 0-9, '-', '_'")
+        await self.store.add_channel(channel, name)
+
+    async def _retry(self, client: Client, request: Retry) -> None:
+        _name(request.name)
+        try:
+            await self.bridge.harness.retry_task(request.task)
+        except HarnessError as exc:
+            client.send({"type": "notice", "level": "error", "text": f"Retry refused: {exc}"})
+            return
+        client.send({"type": "notice", "level": "info", "text": f"task {request.task} scheduled again"})
+        self._panel_dirty.set()
+
+    # --- the task and approval panel ---------------------------------------------------------------------------
+
+    def _on_publication(self, publication: Publication) -> None:
+        if publication.tasks or any(d.record.kind == ApprovalDoc.kind for d in publication.docs):
+            self._panel_dirty.set()
+
+    async def _panel_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._panel_dirty.wait(), timeout=PANEL_POLL)
+            self._panel_dirty.clear()
+            if not any(c.subscribed for c in self.clients):
+                continue
+            try:
+                panel = await self._panel_now()
+            except Exception as exc:  # harness closing; try again on the next tick
+                log.debug("panel refresh failed: %s", exc)
+                await asyncio.sleep(PANEL_POLL)
+                continue
+            if panel != self._panel:
+                self._panel = panel
+                for client in list(self.clients):
+                    if client.subscribed:
+                        client.send({"type": "panel", **panel})
+            await asyncio.sleep(PANEL_MIN_GAP)
+
+    async def _panel_now(self) -> dict[str, Any]:
+        harness = self.bridge.harness
+        inspection = await harness.inspect()
+        gates = await harness.family(ApprovalDoc)
+        places: dict[int, str | None] = {}
+        tasks = []
+        for item in inspection.tasks:
+            task = item.record
+            if task.conversation_id not in places:
+                place_of = await harness.snapshot(PlaceOfDoc, task.conversation_id) or {}
+                places[task.conversation_id] = place_label(place_of.get("place"))
+            gate = gates.get(str(task.id))
+            label = task.kind if gate is None else f"{task.kind} {gate.get('tool')}"
+            tasks.append(
+                {
+                    "id": task.id,
+                    "label": label,
+                    "state": item.state,
+                    "reason": item.reason,
+                    "restarts": task.restarts,
+                    "place": places[task.conversation_id] or f"conversation {task.conversation_id}",
+                }
+            )
+        approvals = []
+        for key, gate in gates.items():
+            approvals.append(
+                {
+                    "gate": int(key),
+                    "tool": gate.get("tool"),
+                    "arguments": gate.get("arguments") or {},
+                    "status": gate.get("status"),
+                    "requester": (gate.get("requester") or {}).get("user_name"),
+                    "decided_by": gate.get("decided_by"),
+                    "decided_at": gate.get("decided_at"),
+                    "expires_at": gate.get("expires_at"),
+                    "place": place_label(gate.get("target")),
+                }
+            )
+        approvals.sort(key=lambda a: (a["status"] != "pending", -(a["decided_at"] or 0), -a["gate"]))
+        return {"scheduling": inspection.scheduling, "tasks": tasks, "approvals": approvals[:20]}
+
+
+def _name(raw: str) -> str:
+    try:
+        return clean_name(raw)
+    except ValueError as exc:
+        raise ValueError(f"choose a display name first: {exc}") from None
