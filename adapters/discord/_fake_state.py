@@ -409,7 +409,9 @@ class World:
         return data
 
     def application_payload(self) -> JsonDict:
-        flags = (1 << 18) if self.message_content_granted else (1 << 19)  # GATEWAY_MESSAGE_CONTENT(_LIMITED)
+        # GATEWAY_MESSAGE_CONTENT_LIMITED (1 << 19) is what an app in fewer than 100 servers has when the
+        # "Message Content Intent" toggle is on (verified apps get 1 << 18 instead); neither flag: not enabled.
+        flags = (1 << 19) if self.message_content_granted else 0
         return {
             "id": str(self.application_id),
             "name": self.application_name,

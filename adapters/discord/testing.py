@@ -146,6 +146,8 @@ class FakeDiscord:
     - ``message_content_granted``: whether the MESSAGE_CONTENT privileged intent is enabled for the app. When
       False (or when a session did not request the intent), message content, embeds, attachments and
       components are blank except in DMs, the bot's own messages and messages that mention the bot.
+      The application's flags (``GET /oauth2/applications/@me``) show it as Discord does for an app in fewer
+      than 100 servers: ``GATEWAY_MESSAGE_CONTENT_LIMITED`` when enabled, neither content flag when not.
       Mutable at runtime via :attr:`message_content_granted`.
     - ``reject_ungranted_privileged_intents``: close an IDENTIFY that requests a privileged intent that is not
       granted with 4014 (discord.py raises ``PrivilegedIntentsRequired``), as Discord does for unverified apps.

@@ -1,0 +1,334 @@
+"""`DiscordAdapter`: connects one discord.py client to the bridge.
+
+- Intake: every human message (live, or read back from history at startup) becomes `bridge.intake(...)`, in
+  the order Discord delivered them, from one owned worker. After every fresh gateway session (a restart, or
+  a session Discord did not let us resume) the worker first catches up from history, because the gateway never
+  replays what happened while no session was open; only then does it take live messages, so the bridge's
+  "last seen" never skips past a missed message.
+- Delivery: `DiscordTransport` (nonce + footer marker, paced edits, 2000-character parts).
+- Approvals: `ApprovalButton` is registered in `setup_hook` on every start; a click is deferred at once
+  (type 6), decided by the bridge, and refused clicks get an ephemeral answer.
+
+Every task the adapter starts (the gateway connection, the intake worker) is owned here and awaited in `stop()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+import discord
+
+from adapters.bridge import Bridge, Place
+from adapters.discord._components import ApprovalButton
+from adapters.discord._endpoints import override_endpoints
+from adapters.discord._intake import DM_WORKSPACE, PLATFORM, Converter, is_human
+from adapters.discord._options import DiscordSettings
+from adapters.discord._render import refusal_text
+from adapters.discord._transport import DiscordTransport
+from harness_core import HarnessClosed
+
+log = logging.getLogger("adapters.discord")
+
+STOP_GRACE = 5.0  # seconds the intake worker gets to finish the message in hand at stop()
+RETRY_CAP = 30.0
+
+
+class DiscordStartError(RuntimeError):
+    """The adapter could not start (rejected token, missing intent, no gateway session in time)."""
+
+
+class MessageContentNotEnabled(DiscordStartError):
+    """The application may not read message content, so the bot would see blank messages."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the Discord application does not have the MESSAGE_CONTENT privileged intent: enable "
+            "'Message Content Intent' on the Bot page of the Discord developer portal (bots in 100 or more "
+            "servers need verification for it), or set message_content = false in [adapters.discord] to "
+            "answer only mentions, replies to the bot and DMs"
+        )
+
+
+class _Client(discord.Client):
+    def __init__(self, adapter: DiscordAdapter, **options: Any) -> None:
+        super().__init__(**options)
+        self.adapter = adapter
+        self.click_handler = adapter  # read by ApprovalButton.callback
+
+    async def setup_hook(self) -> None:
+        # Once per login, i.e. on every start of the process: buttons posted by earlier processes stay live.
+        self.add_dynamic_items(ApprovalButton)
+
+    def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
+        # Seen synchronously, in gateway order, before discord.py schedules its handler tasks.
+        if event == "connect":  # a fresh session (READY), not a RESUME: events in between are lost
+            self.adapter._fresh_session()
+        elif event == "message" and args and isinstance(args[0], discord.Message):
+            self.adapter._live_message(args[0])
+        super().dispatch(event, *args, **kwargs)
+
+
+class DiscordAdapter:
+    name = "discord"
+
+    def __init__(self, settings: DiscordSettings) -> None:
+        self.settings = settings
+        self.bridge: Bridge | None = None
+        self.client: _Client | None = None
+        self.transport: DiscordTransport | None = None
+        self.converter: Converter | None = None
+        self.catch_ups = 0  # completed catch-ups (one per fresh gateway session)
+        self.caught_up_messages = 0  # messages the latest catch-up fed to the bridge (not seen before)
+        self._queue: deque[discord.Message] = deque()
+        self._wake = asyncio.Event()
+        self._caught_up = asyncio.Event()
+        self._catch_up_needed = False
+        self._stopping = False
+        self._worker: asyncio.Task[None] | None = None
+        self._gateway: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"DiscordAdapter(options={self.settings.options!r})"  # never the token
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def _intents(self) -> discord.Intents:
+        intents = discord.Intents.none()
+        intents.guilds = True
+        intents.guild_messages = True
+        intents.dm_messages = True
+        intents.message_content = self.settings.options.message_content
+        return intents
+
+    async def start(self, bridge: Bridge) -> None:
+        if self.client is not None:
+            raise RuntimeError("DiscordAdapter.start() was already called")
+        options = self.settings.options
+        self.bridge = bridge
+        override_endpoints(self.settings.api_url, self.settings.gateway_url)
+        client = self.client = _Client(
+            self,
+            intents=self._intents(),
+            guild_ready_timeout=options.guild_ready_timeout,
+            max_ratelimit_timeout=options.max_ratelimit_timeout,
+        )
+        self.converter = Converter(client)
+        self.transport = DiscordTransport(
+            client,
+            self.converter,
+            edit_interval=options.edit_interval,
+            find_scan_limit=options.find_scan_limit,
+            catch_up_limit=options.catch_up_limit,
+        )
+        try:
+            try:
+                await client.login(self.settings.token.get_secret_value())
+            except discord.LoginFailure:
+                raise DiscordStartError("Discord rejected DISCORD_BOT_TOKEN (401 Unauthorized)") from None
+            flags = client.application_flags
+            if options.message_content and not (
+                flags.gateway_message_content or flags.gateway_message_content_limited
+            ):
+                raise MessageContentNotEnabled()
+        except BaseException:
+            await client.close()
+            raise
+        self.transport.logged_in = True
+        bridge.attach(self.transport)
+        self._worker = asyncio.create_task(self._intake_loop(), name="discord-intake")
+        self._gateway = asyncio.create_task(self._run_gateway(client), name="discord-gateway")
+        await self._wait_ready(client)
+        log.info("discord: connected as %s (%s)", client.user, client.user.id if client.user else "?")
+
+    async def _wait_ready(self, client: _Client) -> None:
+        async def ready() -> None:
+            await self._caught_up.wait()
+            await client.wait_until_ready()
+
+        waiter = asyncio.create_task(ready(), name="discord-ready")
+        gateway = self._gateway
+        assert gateway is not None
+        try:
+            done, _ = await asyncio.wait(
+                {waiter, gateway},
+                timeout=self.settings.options.ready_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+        if waiter in done and not waiter.cancelled() and waiter.exception() is None:
+            return
+        error: BaseException | None = None
+        if gateway.done() and not gateway.cancelled():
+            error = gateway.exception()
+        await self.stop()
+        if isinstance(error, discord.PrivilegedIntentsRequired):
+            raise MessageContentNotEnabled() from None
+        if error is not None:
+            raise DiscordStartError(f"the Discord gateway connection failed: {error!r}") from error
+        raise DiscordStartError(f"no Discord gateway session within {self.settings.options.ready_timeout:g}s")
+
+    async def _run_gateway(self, client: _Client) -> None:
+        try:
+            await client.connect(reconnect=True)
+        except Exception as error:
+            if not self._stopping:
+                log.error("discord: the gateway connection ended: %r", error)
+            raise
+
+    async def stop(self) -> None:
+        """Stop intake, close the gateway and HTTP session, and join every task the adapter started."""
+        self._stopping = True
+        self._wake.set()
+        client = self.client
+        if self.transport is not None:
+            self.transport.logged_in = False
+        if client is not None and not client.is_closed():
+            await client.close()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(worker), timeout=STOP_GRACE)
+            except TimeoutError:
+                worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await worker
+        gateway, self._gateway = self._gateway, None
+        if gateway is not None:
+            if not gateway.done():
+                gateway.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gateway
+
+    # --- events (called synchronously from the client's dispatch) ----------------------------------------
+
+    def _fresh_session(self) -> None:
+        self._catch_up_needed = True
+        self._wake.set()
+
+    def _live_message(self, message: discord.Message) -> None:
+        if self._stopping:
+            return
+        self._queue.append(message)
+        self._wake.set()
+
+    # --- the intake worker ------------------------------------------------------------------------------
+
+    async def _intake_loop(self) -> None:
+        delay = 1.0
+        while not self._stopping:
+            try:
+                if self._catch_up_needed:
+                    self._catch_up_needed = False
+                    try:
+                        await self._catch_up()
+                    except BaseException:
+                        self._catch_up_needed = True  # try again before any live message
+                        raise
+                    self.catch_ups += 1
+                    self._caught_up.set()
+                elif self._queue:
+                    await self._intake_live(self._queue[0])
+                    self._queue.popleft()
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+                delay = 1.0
+            except HarnessClosed:
+                log.error("discord: the harness is closed; intake stops")
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Never skip a message (a later one would move "last seen" past it): retry, in order.
+                log.exception("discord: intake failed; retrying in %.0fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_CAP)
+
+    async def _intake_live(self, message: discord.Message) -> None:
+        assert self.client is not None and self.converter is not None and self.bridge is not None
+        user = self.client.user
+        if user is None:
+            return
+        self.converter.remember(message)
+        if not is_human(message, user.id):
+            return
+        place = await self.converter.place_of(message)
+        if place is None:
+            return
+        incoming = await self.converter.convert(message, place, user.id)
+        if incoming is not None:
+            await self.bridge.intake(incoming)
+
+    async def _catch_up(self) -> None:
+        assert self.bridge is not None and self.transport is not None
+        places = await self.bridge.known_places(PLATFORM)
+        places += await self._new_threads(places)
+        count = await self.bridge.catch_up(self.transport, places)
+        self.caught_up_messages = count
+        log.info("discord: caught up %d missed message(s) in %d place(s)", count, len(places))
+
+    async def _new_threads(self, known: list[Place]) -> list[Place]:
+        """Active threads under known channels that the bridge has not seen yet: started (and maybe talked in)
+        while the bot was down."""
+        assert self.client is not None
+        channels: dict[str, set[str]] = {}
+        for place in known:
+            if place.workspace != DM_WORKSPACE and place.thread is None:
+                channels.setdefault(place.workspace, set()).add(place.channel)
+        seen = set(known)
+        found: list[Place] = []
+        for guild_id, channel_ids in channels.items():
+            try:
+                guild = self.client.get_guild(int(guild_id)) or await self.client.fetch_guild(int(guild_id))
+                threads = await guild.active_threads()
+            except (discord.HTTPException, OSError) as error:
+                log.warning("discord: cannot list the active threads of guild %s: %s", guild_id, error)
+                continue
+            for thread in threads:
+                place = Place(PLATFORM, guild_id, str(thread.parent_id), thread=str(thread.id))
+                if str(thread.parent_id) in channel_ids and place not in seen:
+                    seen.add(place)
+                    found.append(place)
+        return found
+
+    # --- approval clicks -------------------------------------------------------------------------------
+
+    async def handle_click(self, interaction: discord.Interaction[Any], gate_id: int, approve: bool) -> None:
+        try:
+            await interaction.response.defer()  # type 6 within Discord's 3 seconds, before any storage work
+        except discord.HTTPException as error:
+            log.warning("discord: could not acknowledge click on gate %s: %s", gate_id, error)
+        user = interaction.user
+        groups = [str(role.id) for role in user.roles] if isinstance(user, discord.Member) else []
+        bridge = self.bridge
+        if bridge is None:
+            return
+        try:
+            decision = await bridge.decide(
+                gate_id,
+                user_id=str(user.id),
+                user_name=user.display_name,
+                approve=approve,
+                user_groups=groups,
+            )
+        except Exception:
+            log.exception("discord: recording a click on gate %s failed", gate_id)
+            await self._tell(interaction, "Your click could not be recorded; please try again.")
+            return
+        if not decision.accepted:
+            await self._tell(interaction, refusal_text(decision.reason, decision.status, decision.decided_by))
+        # Accepted: the bridge edits the request message (with the bot token) to show who decided.
+
+    @staticmethod
+    async def _tell(interaction: discord.Interaction[Any], text: str) -> None:
+        try:
+            await interaction.followup.send(text, ephemeral=True)
+        except discord.HTTPException as error:
+            log.warning("discord: could not answer a click: %s", error)

@@ -1,0 +1,81 @@
+"""The adapter's configuration: the `[adapters.discord]` TOML table (validated here, errors name the key) plus
+what only the environment may hold (the token, endpoint overrides)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from adapters.discord._endpoints import _normalise_api_url, _normalise_gateway_url
+
+TOKEN_ENV = "DISCORD_BOT_TOKEN"
+API_URL_ENV = "DISCORD_API_URL"
+GATEWAY_URL_ENV = "DISCORD_GATEWAY_URL"
+
+
+class DiscordConfigError(ValueError):
+    """The `[adapters.discord]` table or the environment is invalid; the message names the key."""
+
+
+class DiscordOptions(BaseModel):
+    """Options of the `[adapters.discord]` table. Secrets never go here (the token comes from the environment)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    edit_interval: float = Field(1.0, gt=0, le=60)
+    """Seconds between two edits of one streaming message (Discord tolerates about one edit per second)."""
+    max_ratelimit_timeout: float = Field(30.0, ge=30, le=3600)
+    """A 429 asking to wait longer than this is not slept through by discord.py; the bridge retries the call
+    later instead (discord.py does not accept less than 30 s)."""
+    message_content: bool = True
+    """Request the MESSAGE_CONTENT privileged intent and refuse to start when the application lacks it. False:
+    run on mentions, replies to the bot and DMs only (the only messages whose text Discord then delivers)."""
+    catch_up_limit: int = Field(1000, ge=0, le=100_000)
+    """At most this many missed messages are read per channel or thread at startup."""
+    find_scan_limit: int = Field(100, ge=1, le=1000)
+    """How many recent messages of a channel are scanned for a post whose id a crash kept from being recorded."""
+    guild_ready_timeout: float = Field(2.0, ge=0, le=60)
+    """discord.py's wait for GUILD_CREATE events after READY."""
+    ready_timeout: float = Field(60.0, gt=0, le=600)
+    """How long `start()` waits for the gateway session and the startup catch-up."""
+
+
+@dataclass(frozen=True)
+class DiscordSettings:
+    options: DiscordOptions
+    token: SecretStr = field(repr=False)
+    api_url: str | None = None
+    gateway_url: str | None = None
+
+
+def _describe(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(table)"
+        message = "unknown option" if item["type"] == "extra_forbidden" else item["msg"]
+        problems.append(f"{key}: {message}")
+    return "; ".join(problems)
+
+
+def load_settings(options: Mapping[str, Any], env: Mapping[str, str]) -> DiscordSettings:
+    """Validate the TOML table and read the token and endpoint overrides from `env`."""
+    try:
+        parsed = DiscordOptions.model_validate(dict(options))
+    except ValidationError as error:
+        raise DiscordConfigError(f"invalid [adapters.discord] options: {_describe(error)}") from None
+    token = (env.get(TOKEN_ENV) or "").strip()
+    if not token:
+        raise DiscordConfigError(f"{TOKEN_ENV} is not set (the bot token is only read from the environment)")
+    api_url = env.get(API_URL_ENV) or None
+    gateway_url = env.get(GATEWAY_URL_ENV) or None
+    try:
+        if api_url is not None:
+            _normalise_api_url(api_url)
+        if gateway_url is not None:
+            _normalise_gateway_url(gateway_url)
+    except ValueError as error:
+        raise DiscordConfigError(str(error)) from None
+    return DiscordSettings(parsed, SecretStr(token), api_url, gateway_url)

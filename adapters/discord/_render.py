@@ -1,0 +1,75 @@
+"""What approval requests look like on Discord: text, an embed with the details, and the two buttons."""
+
+from __future__ import annotations
+
+import json
+
+import discord
+
+from adapters.bridge import GateView
+from adapters.discord._markers import MARKER_COLOUR
+
+ARGUMENTS_LIMIT = 1000  # an embed field holds at most 1024 characters
+
+STATUS_COLOURS = {
+    "pending": discord.Colour.gold(),
+    "approved": discord.Colour.green(),
+    "denied": discord.Colour.red(),
+    "expired": MARKER_COLOUR,
+}
+
+
+def _timestamp(ms: int | None, style: str) -> str:
+    return "" if not ms else f"<t:{ms // 1000}:{style}>"
+
+
+def _arguments(gate: GateView) -> str:
+    text = json.dumps(gate.arguments, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(text) > ARGUMENTS_LIMIT:
+        text = text[: ARGUMENTS_LIMIT - 1] + "…"
+    return f"```json\n{text}\n```"
+
+
+def approval_content(gate: GateView) -> str:
+    tool = f"`{gate.tool}`"
+    if gate.status == "pending":
+        return f"⏸️ **Approval needed** to run {tool}"
+    when = _timestamp(gate.decided_at, "f")
+    suffix = f" · {when}" if when else ""
+    if gate.status == "approved":
+        return f"✅ {tool} **approved** by {gate.decided_by or 'an approver'}{suffix}"
+    if gate.status == "denied":
+        return f"❌ {tool} **denied** by {gate.decided_by or 'an approver'}{suffix}"
+    if gate.status == "expired":
+        return f"⌛ {tool} was not approved in time (expired){suffix}"
+    return f"{tool}: {gate.status}"
+
+
+def approval_embed(gate: GateView, footer: str) -> discord.Embed:
+    embed = discord.Embed(
+        title=f"{gate.tool} (request {gate.gate_id})",
+        description=_arguments(gate),
+        colour=STATUS_COLOURS.get(gate.status, MARKER_COLOUR),
+    )
+    embed.add_field(name="Requested by", value=gate.requester_name or "the agent", inline=True)
+    if gate.status == "pending":
+        embed.add_field(name="Expires", value=_timestamp(gate.expires_at, "R") or "never", inline=True)
+    else:
+        embed.add_field(name="Decision", value=gate.status, inline=True)
+    embed.set_footer(text=footer)
+    return embed
+
+
+def refusal_text(reason: str | None, status: str, decided_by: str | None) -> str:
+    """The ephemeral answer to a click the bridge did not accept."""
+    if reason == "not_an_approver":
+        return "You are not one of the approvers of this request, so your click was not counted."
+    if reason == "self_approval":
+        return "You asked for this, so someone else has to approve it."
+    if reason == "already_decided":
+        if status == "expired":
+            return "This request has expired."
+        return f"This request was already {status}" + (f" by {decided_by}." if decided_by else ".")
+    if reason == "unknown_gate":
+        return "This approval request is unknown (it may belong to a bot whose data was removed)."
+    return "Your click could not be recorded; please try again."

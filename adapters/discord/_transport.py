@@ -1,0 +1,227 @@
+"""`DiscordTransport`: the bridge's `Transport` over discord.py's REST client.
+
+Everything goes through channel ids (`PartialMessageable`), never through the gateway cache, so delivery works
+as soon as the client has logged in, for channels, threads (a thread is a channel) and DMs alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+import aiohttp
+import discord
+
+from adapters.bridge import (
+    EditExpired,
+    GateView,
+    IncomingMessage,
+    MessageGone,
+    Place,
+    RetryLater,
+    TransportError,
+)
+from adapters.discord._components import approval_view
+from adapters.discord._markers import footer_for, has_marker, marker_embed, nonce_for
+from adapters.discord._render import approval_content, approval_embed
+
+if TYPE_CHECKING:
+    from adapters.discord._intake import Converter
+
+log = logging.getLogger("adapters.discord")
+
+T = TypeVar("T")
+
+PLATFORM = "discord"
+DM_WORKSPACE = "@me"
+MAX_CHARS = 2000
+OLD_MESSAGE_EDIT_LIMIT = 30046  # "Maximum number of edits to messages older than 1 hour reached"
+UNKNOWN_MESSAGE = 10008
+PERMANENT_PAUSE = 60.0  # how long the bridge waits before retrying a call Discord refuses for good (403/404)
+NO_MENTIONS = discord.AllowedMentions.none()  # model output must never ping @everyone or users
+
+
+def channel_id_of(place: Place) -> int:
+    """The Discord channel a place's messages live in: the thread when there is one (a thread is a channel)."""
+    return int(place.thread if place.thread is not None else place.channel)
+
+
+def map_error(error: discord.HTTPException, what: str) -> TransportError:
+    detail = f"discord {what}: {error.status} {error.code} {error.text}".strip()
+    if error.code == OLD_MESSAGE_EDIT_LIMIT:
+        return EditExpired(detail)
+    if error.code == UNKNOWN_MESSAGE:
+        return MessageGone(detail)
+    if error.status in (401, 403, 404):
+        # Missing access, unknown channel: retrying every second would only count towards Discord's
+        # invalid-request limit (10,000 per 10 minutes bans the IP); try again much later.
+        return RetryLater(PERMANENT_PAUSE, detail)
+    if error.status == 429:  # a 429 discord.py did not handle (no Via header: Cloudflare)
+        return RetryLater(PERMANENT_PAUSE, detail)
+    return TransportError(detail)
+
+
+class DiscordTransport:
+    platform = PLATFORM
+    max_chars = MAX_CHARS
+
+    def __init__(
+        self,
+        client: discord.Client,
+        converter: Converter,
+        *,
+        edit_interval: float,
+        find_scan_limit: int,
+        catch_up_limit: int,
+    ) -> None:
+        self.client = client
+        self.converter = converter
+        self.edit_interval = edit_interval
+        self.find_scan_limit = find_scan_limit
+        self.catch_up_limit = catch_up_limit
+        self.logged_in = False
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    async def _guard(self, what: str, call: Awaitable[T]) -> T:
+        if not self.logged_in or self.client.is_closed():
+            if asyncio.iscoroutine(call):
+                call.close()
+            raise TransportError(f"discord {what}: the client is not connected")
+        try:
+            return await call
+        except discord.RateLimited as error:  # longer than max_ratelimit_timeout: let the bridge wait
+            raise RetryLater(error.retry_after, f"discord {what}: rate limited") from error
+        except discord.HTTPException as error:
+            raise map_error(error, what) from error
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            raise TransportError(f"discord {what}: {type(error).__name__}: {error}") from error
+
+    def _channel(self, place: Place) -> discord.PartialMessageable:
+        guild_id = None if place.workspace == DM_WORKSPACE else int(place.workspace)
+        return self.client.get_partial_messageable(channel_id_of(place), guild_id=guild_id)
+
+    def _bot_id(self) -> int:
+        user = self.client.user
+        if user is None:
+            raise TransportError("discord: not logged in")
+        return user.id
+
+    # --- Transport ----------------------------------------------------------------------------------------
+
+    async def create(self, target: Place, text: str, key: str) -> str:
+        channel = self._channel(target)
+        message: discord.Message | None = None
+        for attempt in range(2):
+            try:
+                message = await self._guard(
+                    "create",
+                    channel.send(
+                        text,
+                        nonce=nonce_for(target, key, attempt=attempt),
+                        embed=marker_embed(target, key),
+                        allowed_mentions=NO_MENTIONS,
+                    ),
+                )
+                break
+            except MessageGone:
+                # Discord answers 10008 when the nonce belongs to a message deleted shortly before (a moderator
+                # removed the earlier post of this part): post it again under a second deterministic nonce.
+                if attempt:
+                    raise
+        assert message is not None
+        if message.content != text:
+            # enforce_nonce returned this part's earlier post (a retry, or a restart after a crash): show
+            # what the bridge asked for now.
+            await self._guard("edit", message.edit(content=text, allowed_mentions=NO_MENTIONS))
+        return str(message.id)
+
+    async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
+        partial = self._channel(target).get_partial_message(int(message_id))
+        await self._guard("edit", partial.edit(content=text, allowed_mentions=NO_MENTIONS))
+
+    async def find(self, target: Place, key: str) -> str | None:
+        footer = footer_for(target, key)
+        bot_id = self._bot_id()
+        for message in await self._recent(target, self.find_scan_limit):
+            if message.author.id == bot_id and has_marker(message, footer):
+                return str(message.id)
+        return None
+
+    async def post_approval(self, target: Place, gate: GateView, key: str) -> str:
+        message = await self._guard(
+            "post approval",
+            self._channel(target).send(
+                approval_content(gate),
+                embed=approval_embed(gate, footer_for(target, key)),
+                view=approval_view(gate.gate_id),
+                nonce=nonce_for(target, key),
+                allowed_mentions=NO_MENTIONS,
+            ),
+        )
+        return str(message.id)
+
+    async def update_approval(self, target: Place, message_id: str, gate: GateView) -> None:
+        channel = self._channel(target)
+        content = approval_content(gate)
+        # The message id is recorded by now, so the decided message needs no marker.
+        embed = approval_embed(gate, f"request {gate.gate_id} · {gate.status}")
+        try:
+            await self._guard(
+                "update approval",
+                channel.get_partial_message(int(message_id)).edit(
+                    content=content, embed=embed, view=None, allowed_mentions=NO_MENTIONS
+                ),
+            )
+        except (EditExpired, MessageGone) as error:
+            # An old gate (Discord limits edits of messages older than an hour) or a deleted one: say the
+            # decision in a reply instead. Clicks on the stale buttons are answered "already decided".
+            log.info(
+                "approval %s: cannot edit message %s (%s); replying instead", gate.gate_id, message_id, error
+            )
+            reference = discord.MessageReference(
+                message_id=int(message_id), channel_id=channel.id, fail_if_not_exists=False
+            )
+            await self._guard(
+                "post approval decision",
+                channel.send(
+                    content,
+                    reference=reference,
+                    nonce=nonce_for(target, f"approval-decision:{gate.gate_id}:{gate.status}"),
+                    allowed_mentions=NO_MENTIONS,
+                ),
+            )
+
+    async def history(self, place: Place, after: str | None) -> list[IncomingMessage]:
+        if after is None:
+            if place.thread is None:
+                return []  # never read a channel from its beginning: only what was missed is caught up
+            after = place.thread  # a thread found at startup: every message in it is newer than its starter
+        channel = self._channel(place)
+        start = discord.Object(id=int(after))
+
+        async def read() -> list[discord.Message]:
+            return [
+                m async for m in channel.history(limit=self.catch_up_limit, after=start, oldest_first=True)
+            ]
+
+        messages = await self._guard("history", read())
+        if len(messages) >= self.catch_up_limit:
+            log.warning("catch-up of %s stopped after %d messages", place.key, len(messages))
+        bot_id = self._bot_id()
+        found: list[IncomingMessage] = []
+        for message in messages:
+            incoming = await self.converter.convert(message, place, bot_id)
+            if incoming is not None:
+                found.append(incoming)
+        return found
+
+    async def _recent(self, target: Place, limit: int) -> list[discord.Message]:
+        channel = self._channel(target)
+
+        async def read() -> list[discord.Message]:
+            return [m async for m in channel.history(limit=limit)]
+
+        return await self._guard("history", read())
