@@ -3,7 +3,7 @@
 Websocket protocol (JSON text frames). The page speaks first:
 
     -> {"type": "hello", "cursor": 41 | null, "epoch": "..." | null}
-    <- {"type": "snapshot", "epoch", "cursor", "channels", "messages", "bot"}    (no usable cursor)
+    <- {"type": "snapshot", "epoch", "cursor", "channels", "messages", "bot", "answer"}  (no usable cursor)
     <- {"type": "events", "cursor", "events": [...], "resumed": true}           (resumed from the cursor)
     <- {"type": "panel", "tasks": [...], "approvals": [...], "scheduling"}      (now, and whenever it changes)
     <- {"type": "events", "cursor", "events": [{"seq", "type": "message" | "channel", ...}]}   (live)
@@ -274,6 +274,9 @@ class DevchatServer:
                 await self._retry(client, message)
         except ValueError as exc:
             client.send({"type": "error", "text": str(exc)})
+        except Exception as exc:  # e.g. the harness is closing; keep the connection, tell the page
+            log.warning("devchat: %s failed: %s", type(message).__name__, exc)
+            client.send({"type": "error", "text": f"{message.type} failed: {exc}"})
 
     async def _hello(self, client: Client, hello: Hello) -> None:
         async with self.store.lock:  # no write may land between what we read and the subscription
@@ -290,6 +293,7 @@ class DevchatServer:
                         "channels": snapshot.channels,
                         "messages": snapshot.messages,
                         "bot": self.options.bot_name,
+                        "answer": self._answer_modes(snapshot.channels),
                     }
                 )
             else:
@@ -297,6 +301,16 @@ class DevchatServer:
                 client.send({"type": "events", "cursor": cursor, "events": events, "resumed": True})
             client.subscribed = True
         client.send({"type": "panel", **(await self._panel_now())})
+
+    def _answer_modes(self, channels: list[dict[str, Any]]) -> dict[str, Any]:
+        """Which messages the bot answers (the bridge's policy), so the page can say whether to mention it."""
+        config = self.bridge.config
+        return {
+            "default": config.default.answer,
+            "channels": {
+                c["name"]: config.policy(self.transport.place(c["name"], None)).answer for c in channels
+            },
+        }
 
     async def _post(self, client: Client, post: Post) -> None:
         name = _name(post.name)

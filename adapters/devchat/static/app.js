@@ -10,10 +10,13 @@
 
   const $ = (id) => document.getElementById(id);
 
+  // The name and channel are remembered per browser (localStorage); posts not yet acknowledged per tab
+  // (sessionStorage survives a reload of the tab, and two tabs never resend each other's posts).
+  const storage = (key) => (key === PENDING_KEY ? sessionStorage : localStorage);
   const saved = {
     get(key, fallback) {
       try {
-        const raw = localStorage.getItem(key);
+        const raw = storage(key).getItem(key);
         return raw === null ? fallback : JSON.parse(raw);
       } catch (_) {
         return fallback;
@@ -21,7 +24,7 @@
     },
     set(key, value) {
       try {
-        localStorage.setItem(key, JSON.stringify(value));
+        storage(key).setItem(key, JSON.stringify(value));
       } catch (_) {
         // storage full or disabled: the page still works, it just forgets across reloads
       }
@@ -32,6 +35,7 @@
     epoch: null,
     cursor: null,
     bot: 'bot',
+    answer: { default: 'mentions', channels: {} }, // which messages the bot answers, per channel
     channels: [],
     messages: new Map(), // id -> message
     byClient: new Map(), // client_id -> message id (posts the server has stored)
@@ -160,6 +164,7 @@
         state.epoch = msg.epoch;
         state.cursor = msg.cursor;
         state.bot = msg.bot || state.bot;
+        state.answer = msg.answer || state.answer;
         state.channels = msg.channels;
         state.messages = new Map();
         state.byClient = new Map();
@@ -464,7 +469,13 @@
       })),
     );
     $('channel-title').textContent = `#${state.channel}`;
-    $('composer-input').placeholder = `Message #${state.channel} — mention @${state.bot} to ask the bot`;
+    const mode = state.answer.channels[state.channel] || state.answer.default;
+    const hint = {
+      all: `${state.bot} answers every message`,
+      mentions: `mention @${state.bot} to ask the bot`,
+      none: `${state.bot} does not answer here`,
+    }[mode] || '';
+    $('composer-input').placeholder = `Message #${state.channel}${hint ? ` — ${hint}` : ''}`;
 
     // the channel
     const messages = Array.from(state.messages.values()).sort((a, b) => a.id - b.id);
