@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -705,11 +706,14 @@ class FakeSlack:
         user: str | User,
         block_id: str | None = None,
         wait: bool = True,
+        stale: bool = False,
     ) -> InteractionResult:
         """A human clicks the element ``action_id`` of a message: deliver ``block_actions``.
 
         The element must exist in the message blocks (``block_id``, ``text`` and the default ``value`` come
-        from it). With ``wait`` (default) returns once the app acked or the ack window passed;
+        from it). ``stale=True`` also accepts an element of an earlier version of the message: a click from a
+        client that has not yet shown an update (e.g. approval buttons another user's decision removed).
+        With ``wait`` (default) returns once the app acked or the ack window passed;
         ``result.acked`` says whether the ack came in time. ``result.response_url`` is a working endpoint.
         """
         ch = self._channel(channel)
@@ -718,6 +722,12 @@ class FakeSlack:
         if message.deleted:
             raise KeyError(f"message {message_ts} in {ch.id} is deleted")
         found = find_action_element(message, action_id, block_id)
+        for revision in reversed(message.revisions) if stale and found is None else ():
+            found = find_action_element(
+                dataclasses.replace(message, blocks=revision.blocks), action_id, block_id
+            )
+            if found is not None:
+                break
         if found is None:
             raise ValueError(f"message {message_ts} has no element with action_id={action_id!r}")
         found_block_id, element = found

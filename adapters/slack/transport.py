@@ -64,6 +64,7 @@ log = logging.getLogger("adapters.slack")
 
 REPLY_EVENT = "durable_bots_reply"
 TYPING = " …"
+PLACEHOLDER = "…"
 _REPLY_KEY = re.compile(r"^reply:(\d+)#\d+$")
 _PAGE = 200
 _CREATED_MEMORY = 10_000
@@ -84,8 +85,11 @@ def metadata_key(message: dict[str, Any]) -> str | None:
 
 def streamable(text: str) -> str | None:
     """The part of a partial answer that only grows: the model's text before the typing marker " …" that the
-    bridge puts after it (followed by the end or by tool status lines). None when the text has no marker (a
-    final answer, or a partial with no model text yet), or nothing before it."""
+    bridge puts after it (followed by the end or by tool status lines); "" for the bare placeholder the bridge
+    shows before the model's first token. None when the text cannot stream: a final answer, or only tool
+    status lines."""
+    if text.strip() == PLACEHOLDER:
+        return ""
     index = text.find(TYPING)
     while index != -1:
         end = index + len(TYPING)
@@ -252,6 +256,8 @@ class SlackTransport:
                     return
         else:
             start = streamable(text)
+            if start == "":
+                return  # back to "…" (between model turns): keep showing what streamed so far
             if start is not None and start.startswith(stream.streamed):
                 delta = start[len(stream.streamed) :]
                 if not delta:

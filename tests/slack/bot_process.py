@@ -27,6 +27,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+from slack_e2e import STORY
+
 from adapters.bridge import (
     ApprovalPolicy,
     Bridge,
@@ -45,9 +47,6 @@ from harness_core.storage import SqliteStorage
 WORKDIR = Path(sys.argv[1])
 OPTIONS: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
 MODEL = AgentChange(model=ModelRef(provider="faux", model_id="faux-1"))
-STORY = " ".join(
-    f"Chapter {i}: the deploy pipeline woke up and checked the logs once more." for i in range(1, 9)
-)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -80,31 +79,38 @@ def respond(request: ModelRequest) -> AssistantMessage:
 
 
 class GatedFaux(FauxProvider):
-    """Stops one response after `after_chunks` chunks until stdin says `release` (once per process)."""
+    """Stops one response after each of `after_chunks` chunks until stdin says `release` (once per process)."""
 
     def __init__(self, hold: dict[str, Any] | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.hold = hold
-        self.released = asyncio.Event()
+        self.releases: asyncio.Queue[None] = asyncio.Queue()
+        self.used = False
 
-    def _held(self, request: ModelRequest) -> bool:
-        if self.hold is None or self.released.is_set():
-            return False
+    def _held(self, request: ModelRequest) -> list[int]:
+        if self.hold is None or self.used:
+            return []
         last = request.messages[-1]
         when = str(self.hold.get("when", ""))
         if when == "tool_result":
-            return isinstance(last, ToolResultMessage)
-        return isinstance(last, UserMessage) and when in user_text(last)
+            matched = isinstance(last, ToolResultMessage)
+        else:
+            matched = isinstance(last, UserMessage) and when in user_text(last)
+        if not matched:
+            return []
+        self.used = True
+        points = self.hold.get("after_chunks", 1)
+        return [int(p) for p in (points if isinstance(points, list) else [points])]
 
     async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
-        held = self._held(request)
+        points = self._held(request)
         chunks = 0
         async for partial in super().stream(model, request):
             yield partial
             chunks += 1
-            if held and chunks == int(self.hold.get("after_chunks", 1) if self.hold else 1):
-                emit("held", what="generation")
-                await self.released.wait()
+            if chunks in points:
+                emit("held", what="generation", chunks=chunks)
+                await self.releases.get()
 
 
 class TracingBridge(Bridge):
@@ -138,7 +144,7 @@ async def read_commands(faux: GatedFaux) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         if line.strip() == b"release":
-            faux.released.set()
+            faux.releases.put_nowait(None)
 
 
 async def main() -> None:

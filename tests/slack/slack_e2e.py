@@ -21,6 +21,10 @@ from typing import Any
 from adapters.slack.testing import Channel, FakeSlack, Message, SocketConnection, User
 
 BOT = Path(__file__).with_name("bot_process.py")
+STORY = " ".join(
+    f"Chapter {i}: the deploy pipeline woke up and checked the logs once more." for i in range(1, 9)
+)
+"""What the scripted model answers to a request for a "story" (long enough to stream)."""
 START_TIMEOUT = 30.0
 
 
