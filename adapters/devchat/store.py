@@ -10,6 +10,7 @@ pruned (`keep_events`); a client behind the pruned range gets a snapshot instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -201,10 +202,11 @@ class ChatStore:
                 yield writer
                 if writer.events:
                     await self._prune(writer)
+                await self.db.execute("COMMIT")
             except BaseException:
-                await self.db.execute("ROLLBACK")
+                with contextlib.suppress(Exception):  # nothing to roll back when COMMIT itself went through
+                    await self.db.execute("ROLLBACK")
                 raise
-            await self.db.execute("COMMIT")
             if writer.events:
                 for listener in list(self.listeners):
                     listener(writer.events)

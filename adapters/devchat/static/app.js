@@ -174,6 +174,11 @@
       case 'events':
         for (const event of msg.events) {
           if (state.cursor !== null && event.seq <= state.cursor) continue; // seen before a reconnect
+          if (!msg.resumed && state.cursor !== null && event.seq > state.cursor + 1) {
+            // Sequence numbers have no holes: a live event skipped one. Reconnect and resume from the cursor.
+            if (state.ws) state.ws.close();
+            return;
+          }
           apply(event);
           state.cursor = event.seq;
         }
