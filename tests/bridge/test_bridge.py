@@ -334,3 +334,29 @@ async def test_catch_up_feeds_missed_messages_through_the_same_dedupe(world_fact
     assert await world.bridge.catch_up(world.platform) == 1
     await world.settle()
     assert world.platform.texts(CHANNEL) == ["answer to alice: first", "answer to bob: missed while down"]
+
+
+async def test_requester_who_is_an_approver_cannot_approve_their_own_request(world_factory: Any) -> None:
+    runs: list[str] = []
+
+    @tool
+    def deploy(service: str) -> str:
+        """Deploy a service."""
+        runs.append(service)
+        return "deployed"
+
+    world = await world_factory(
+        deploy_flow, tools=[deploy], approvals=[ApprovalPolicy(tools=["deploy"], approvers=["U1", "UBOSS"])]
+    )
+    await world.say("100.1", "ship it")  # U1 asks
+    for _ in range(200):
+        gates = [m for m in world.platform.messages if m.gate is not None]
+        if gates:
+            break
+        await asyncio.sleep(0.01)
+    gate_id = gates[0].gate.gate_id  # type: ignore[union-attr]
+    own = await world.bridge.decide(gate_id, user_id="U1", user_name="alice", approve=True)
+    assert not own.accepted and own.reason == "self_approval"
+    assert (await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", approve=True)).accepted
+    await world.settle()
+    assert runs == ["api"]
