@@ -178,14 +178,14 @@ class Approvals:
             return Decision(False, "unknown", reason="unknown_gate")
         if gate.get("status") != "pending":
             return Decision(False, str(gate["status"]), gate.get("decided_by"), "already_decided")
-        requester = (gate.get("requester") or {}).get("user_id")
-        if requester == user_id and not gate.get("allow_self_approval"):
-            return Decision(False, "pending", reason="self_approval")
         allowed = user_id in gate.get("approvers", []) or bool(
             set(gate.get("groups", [])) & set(user_groups or ())
         )
         if not allowed:
             return Decision(False, "pending", reason="not_an_approver")
+        requester = (gate.get("requester") or {}).get("user_id")
+        if requester == user_id and not gate.get("allow_self_approval"):
+            return Decision(False, "pending", reason="self_approval")
 
         async def commit(tx: Tx) -> Decision:
             doc = await tx.doc(ApprovalDoc, key=str(gate_id), seed={})
