@@ -6,9 +6,8 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-import jsonpatch
-
 from harness_core._json import strict_copy
+from harness_core._jsondiff import json_diff
 from harness_core._layers import DocState, Layer
 from harness_core.documents import DocAddress, DocDefinition, DocDraft, address_of, migrated
 from harness_core.errors import DraftRevoked, InvalidOperation, NotFound
@@ -118,8 +117,17 @@ class Tx:
         ids: list[int] = []
         for layer in (self.local, self._overlay):
             ids.extend(layer.owned_conversations.get(task_id, []))
-        page = await self._session.storage.scan_conversations(owner_task_id=task_id, limit=1000)
-        stored = [c for c in page.items if c.id not in ids]
+        published = self._session.published
+        known = published.owned.get(task_id)
+        if known is None:
+            page = await self._session.storage.scan_conversations(owner_task_id=task_id, limit=1000)
+            stored = [c for c in page.items if c.id not in ids]
+            if task_id in published.live_tasks:  # on the line storage equals the published state
+                published.owned[task_id] = [c.id for c in page.items]
+        else:
+            stored = [
+                c for c in await _gather_conversations(self, known) if c is not None and c.id not in ids
+            ]
         own = [c for c in (await _gather_conversations(self, ids)) if c is not None]
         return sorted([*stored, *own], key=lambda c: c.id)
 
@@ -554,7 +562,7 @@ class Tx:
                 self.local.docs[address] = DocState(draft.record, definition.version, final, 0)
             return
         version_changed = draft.stored_version != definition.version
-        ops: list[dict[str, Any]] = jsonpatch.make_patch(draft.original, final).patch
+        ops = json_diff(draft.original, final)
         if not ops and not version_changed:
             return
         deltas = draft.deltas

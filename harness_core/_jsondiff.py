@@ -1,0 +1,63 @@
+"""RFC 6902 patches between two JSON values, for document deltas (applied with the `jsonpatch` library).
+
+`jsonpatch.make_patch` looks for moves and minimal list edits; document changes are small edits of small
+values (a status, an appended slot), where that search dominated the cost of a commit. This walk emits
+`add`/`remove`/`replace` only: objects key by key, lists element by element when their length is kept,
+appends and truncations as such, any other list change as one `replace`. Values are compared strictly
+(`true` is not `1`), so applying the patch to `src` always gives exactly `dst`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Op = dict[str, Any]
+
+
+def json_diff(src: Any, dst: Any) -> list[Op]:
+    """The operations that turn `src` into `dst` (both strict JSON). Values in the ops are shared with `dst`."""
+    ops: list[Op] = []
+    _diff(src, dst, "", ops)
+    return ops
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: like `==`, but a boolean never equals a number and an int never equals a float."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same(value, b[key]) for key, value in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _pointer(path: str, key: str) -> str:
+    return f"{path}/{key.replace('~', '~0').replace('/', '~1')}"
+
+
+def _diff(src: Any, dst: Any, path: str, ops: list[Op]) -> None:
+    if type(src) is dict and type(dst) is dict:
+        for key in src:
+            if key not in dst:
+                ops.append({"op": "remove", "path": _pointer(path, key)})
+        for key, value in dst.items():
+            if key in src:
+                _diff(src[key], value, _pointer(path, key), ops)
+            else:
+                ops.append({"op": "add", "path": _pointer(path, key), "value": value})
+        return
+    if type(src) is list and type(dst) is list:
+        kept, now = len(src), len(dst)
+        if kept == now:
+            for index in range(kept):
+                _diff(src[index], dst[index], f"{path}/{index}", ops)
+        elif now > kept and same(src, dst[:kept]):
+            ops.extend({"op": "add", "path": f"{path}/{i}", "value": dst[i]} for i in range(kept, now))
+        elif now < kept and same(src[:now], dst):
+            ops.extend({"op": "remove", "path": f"{path}/{i}"} for i in range(kept - 1, now - 1, -1))
+        else:
+            ops.append({"op": "replace", "path": path, "value": dst})
+        return
+    if not same(src, dst):
+        ops.append({"op": "replace", "path": path, "value": dst})
