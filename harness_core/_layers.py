@@ -99,14 +99,26 @@ class Published:
         self.live_tasks: dict[int, Task] = {}
         self.conversations: LRU[int, Conversation] = LRU(conversation_capacity)
         self.docs: LRU[DocAddress, DocState | None] = LRU(doc_capacity)
+        # Ids of the conversations each live task owns, so reconciliation (which asks whenever a task ends)
+        # need not scan storage on the commit line. Ownership is fixed when a conversation is created and
+        # needs a live owner, so a task created after open starts with [] and adopt() sees all it will own;
+        # a task loaded at open is filled by its first scan. Entries leave with their task.
+        self.owned: dict[int, list[int]] = {}
 
     def adopt(self, layer: Layer) -> None:
-        for conversation in layer.conversations.values():
-            self.conversations.put(conversation.id, conversation)
-        for task in layer.tasks.values():
+        for task in layer.tasks.values():  # tasks first: a conversation may be owned by a task of this layer
             if task.live:
+                if task.id not in self.live_tasks:
+                    self.owned.setdefault(task.id, [])
                 self.live_tasks[task.id] = task
             else:
                 self.live_tasks.pop(task.id, None)
+                self.owned.pop(task.id, None)
+        for conversation in layer.conversations.values():
+            self.conversations.put(conversation.id, conversation)
+            owner = conversation.owner_task_id
+            owned = None if owner is None else self.owned.get(owner)
+            if owned is not None and conversation.id not in owned:
+                owned.append(conversation.id)
         for address, state in layer.docs.items():
             self.docs.put(address, state)
