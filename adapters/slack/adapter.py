@@ -70,6 +70,22 @@ def signature_valid(
     return hmac.compare_digest(expected, signature)
 
 
+def malformed(body: Any) -> str | None:
+    """Why a decoded payload cannot be handled at all, or None. Bolt's own middleware raises on some shapes
+    (an `event` that is not an object), which would answer 500 and make Slack retry the same garbage."""
+    if not isinstance(body, dict):
+        return f"payload is {type(body).__name__}, not an object"
+    if body.get("type") == "event_callback" or "event" in body:
+        event = body.get("event")
+        if not isinstance(event, dict):
+            return "event_callback without an event object"
+        if not isinstance(event.get("type"), str):
+            return "event without a type"
+    if body.get("type") == "block_actions" and not isinstance(body.get("actions"), list):
+        return "block_actions without actions"
+    return None
+
+
 REFUSALS = {
     "not_an_approver": "You are not an approver for `{tool}`, so your click was not counted.",
     "self_approval": "You cannot approve or deny your own request for `{tool}`.",
@@ -107,7 +123,8 @@ class SlackAdapter:
         self._app: AsyncApp | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._runner: web.AppRunner | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # click decisions (owned, drained in stop())
+        self._inflight: set[asyncio.Task[Any]] = set()  # Socket Mode requests being handled (slack-sdk tasks)
         self._stopping = False
 
     def __repr__(self) -> str:  # never show secrets
@@ -171,8 +188,14 @@ class SlackAdapter:
             raise
 
     async def stop(self) -> None:
-        """Stop intake (no more acks), let in-flight click decisions finish briefly, close connections."""
+        """Stop intake, let requests in flight finish (their acks still go out), close connections.
+
+        Socket Mode: envelopes arriving from now on are left unacknowledged (Slack redelivers them to a live
+        connection, or to this bot after its restart); those already being handled finish and are acked before
+        the socket closes. HTTP: the server stops accepting and answers the requests it has."""
         self._stopping = True
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=DRAIN_TIMEOUT)
         if self._socket is not None:
             socket, self._socket = self._socket, None
             try:
@@ -272,12 +295,10 @@ class SlackAdapter:
         tool = str(gate.get("tool") or "the tool")
         name = await transport.directory.name(user_id, fallback=user.get("name"))
         groups: list[str] = []
-        requester = (gate.get("requester") or {}).get("user_id")
         needs_groups = (
             gate.get("status") == "pending"
             and bool(gate.get("groups"))
             and user_id not in (gate.get("approvers") or [])
-            and (requester != user_id or gate.get("allow_self_approval"))
         )
         if needs_groups:
             try:
@@ -339,6 +360,17 @@ class SlackAdapter:
         await handler.connect_async()  # type: ignore[no-untyped-call]
 
     async def _on_socket_request(self, client: Any, req: Any) -> None:
+        # slack-sdk runs each envelope in a task it keeps no reference to: hold one, and drain them at stop().
+        task = asyncio.current_task()
+        if task is None or self._stopping:
+            return  # not acknowledged: Slack redelivers
+        self._inflight.add(task)
+        try:
+            await self._handle_socket_request(client, req)
+        finally:
+            self._inflight.discard(task)
+
+    async def _handle_socket_request(self, client: Any, req: Any) -> None:
         assert self._app is not None
         started = time.time()
         headers: dict[str, str | Sequence[str]] = {}
@@ -346,6 +378,11 @@ class SlackAdapter:
             headers["x-slack-retry-num"] = str(req.retry_attempt)
         if req.retry_reason is not None:
             headers["x-slack-retry-reason"] = req.retry_reason
+        problem = malformed(req.payload)
+        if problem is not None:
+            log.warning("acknowledging a malformed %s envelope: %s", req.type, problem)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
         request = AsyncBoltRequest(mode="socket_mode", body=req.payload, headers=headers or None)
         response = await self._app.async_dispatch(request)
         if response.status == 404:
@@ -403,6 +440,10 @@ class SlackAdapter:
         except ValueError as exc:  # UnicodeDecodeError, json.JSONDecodeError
             log.warning("rejected a signed but undecodable request body (%d bytes): %s", len(raw), exc)
             return web.Response(status=400, text="malformed body", headers={"X-Slack-No-Retry": "1"})
+        problem = malformed(bolt_request.body)
+        if problem is not None:
+            log.warning("acknowledging a malformed request: %s", problem)
+            return web.Response(status=200)
         response = await self._app.async_dispatch(bolt_request)
         if response.status == 404:
             log.debug("acknowledging an unhandled request")

@@ -115,6 +115,7 @@ class GatedFaux(FauxProvider):
 
 class TracingBridge(Bridge):
     held = False
+    forever = asyncio.Event()  # referenced here, or the held listener task could be garbage-collected
 
     async def intake(self, message: IncomingMessage) -> IntakeResult:
         result = await super().intake(message)
@@ -134,7 +135,7 @@ class TracingBridge(Bridge):
         if OPTIONS.get("hold_after_intake") and result.outcome != "duplicate" and not TracingBridge.held:
             TracingBridge.held = True
             emit("held", what="intake")  # committed; the ack waits for this listener: it never goes out
-            await asyncio.Event().wait()
+            await TracingBridge.forever.wait()
         return result
 
 
@@ -191,8 +192,8 @@ async def main() -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     commands = loop.create_task(read_commands(faux))
+    await bridge.start()  # the order of the bots runtime: bridge first, then its adapters attach
     await adapter.start(bridge)
-    await bridge.start()
     harness.resume()
     emit("ready", url=adapter.url, pid=os.getpid())
     await stop.wait()

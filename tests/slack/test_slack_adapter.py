@@ -62,11 +62,33 @@ async def test_one_post_delivered_eight_times_is_one_input_and_one_answer(
     assert len(fake.calls_to("chat.postMessage")) == 1
 
 
-async def test_dm_is_answered_without_a_mention_and_plain_channel_chatter_is_only_context(
+async def test_dm_is_answered_without_a_mention_and_what_is_not_input_is_acked_and_ignored(
     fake: FakeSlack, people: People, general: Channel, bots: Bots
 ) -> None:
     bot = await bots.start()
-    chatter = await fake.user_posts(general, people.bob, "the deploy window is at 5pm")
+    not_input: list[dict[str, object]] = [
+        {"type": "message", "channel": general.id, "user": people.alice.id, "text": "no ts"},  # malformed
+        {"type": "message", "subtype": "bot_message", "channel": general.id, "bot_id": "BOTHER", "ts": "1.1"},
+        {"type": "message", "subtype": "message_deleted", "hidden": True, "channel": general.id, "ts": "1.2"},
+        {
+            "type": "message",
+            "channel": general.id,
+            "user": fake.bot_user_id,
+            "bot_id": fake.bot_id,
+            "ts": "1.3",
+        },
+        {"type": "team_join", "user": {"id": "UNEW"}},  # no listener: acked all the same
+        {"type": "event_callback", "team_id": fake.team_id, "event": "not an object", "event_id": "EvBAD"},
+    ]
+    for item in not_input:
+        attempt = await fake.deliver(item)
+        assert await attempt.wait_settled(10) == "acked", item
+    edited = await fake.user_posts(general, people.bob, "typo here")
+    await edited.wait_acked()
+    change = await fake.user_edits(general, edited.ts, "fixed typo")
+    assert change is not None
+    await change.wait_acked()
+    chatter = await fake.user_posts(general, people.bob, "the deploy window is at 5pm")  # not addressed
     await chatter.wait_acked()
     dm = fake.open_dm(people.bob)
     post = await fake.user_posts(dm, people.bob, "hello there")
@@ -76,10 +98,11 @@ async def test_dm_is_answered_without_a_mention_and_plain_channel_chatter_is_onl
     await question.wait_acked()
     channel_answer = await fake.wait_for_message(general, contains="when is the window", timeout=10)
     new = [e for e in bot.intakes() if e["outcome"] != "duplicate"]  # the mention came as two events
-    assert [(e["outcome"], e["dm"]) for e in new] == [
-        ("recorded", False),
-        ("answering", True),
-        ("answering", False),
+    assert [(e["text"], e["outcome"], e["dm"]) for e in new] == [
+        ("typo here", "recorded", False),  # its edit (message_changed) is not a new input
+        ("the deploy window is at 5pm", "recorded", False),
+        ("hello there", "answering", True),
+        (f"<@{fake.bot_user_id}> when is the window?", "answering", False),
     ]
     assert "Bob: the deploy window is at 5pm" in channel_answer.text  # kept as context, not answered
     assert answer.thread_ts is None
@@ -151,3 +174,68 @@ async def test_three_users_posting_while_busy_are_answered_in_arrival_order_by_n
         "answer to Bob: q2 from bob [saw: Alice: q1 from alice | Bob: q2 from bob]",
         "answer to Carol: q3 from carol [saw: Alice: q1 from alice | Bob: q2 from bob | Carol: q3 from carol]",
     ]
+
+
+async def test_messages_posted_while_the_bot_was_down_are_caught_up_from_history(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    mention = f"<@{fake.bot_user_id}>"
+    bot = await bots.start()
+    first = await fake.user_posts(general, people.alice, f"{mention} first")
+    await first.wait_acked()
+    answer = await fake.wait_for_message(general, contains="answer to Alice", timeout=10)
+    more = await fake.user_posts(general, people.bob, "more please", thread_ts=answer.ts)
+    await more.wait_acked()
+    await fake.wait_for_message(general, thread_ts=answer.ts, contains="more please", timeout=10)
+    await bot.stop()
+
+    # Nobody is connected: Slack cannot deliver (and gives up after its retries); history has the messages.
+    away = await fake.user_posts(general, people.carol, f"{mention} while you were away")
+    in_thread = await fake.user_posts(general, people.bob, "and in the thread?", thread_ts=answer.ts)
+    assert [d.attempts[0].outcome for p in (away, in_thread) for d in p.deliveries] == ["no_connection"] * 3
+
+    bot = await bots.start()
+    await fake.wait_for_message(general, contains="while you were away", timeout=10)
+    await fake.wait_for_message(general, thread_ts=answer.ts, contains="and in the thread?", timeout=10)
+    await bot.stop()
+    assert sorted(e["text"] for e in bot.intakes("answering")) == [
+        f"{mention} while you were away",
+        "and in the thread?",
+    ]
+    assert len(replies_of_bot(fake, general)) == 2
+    assert len(replies_of_bot(fake, general, answer.ts)) == 2
+    reads = fake.calls_to("conversations.history") + fake.calls_to("conversations.replies")
+    assert any(c.args.get("oldest") for c in reads)
+
+
+async def test_rate_limits_and_a_lost_response_cost_no_message_and_no_duplicate(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    mention = f"<@{fake.bot_user_id}>"
+    too_many = fake.rate_limit("chat.postMessage", retry_after=1)  # HTTP 429 + Retry-After
+    quietly_limited = fake.rate_limit("chat.update", retry_after=1, status=200)  # HTTP 200, ok: false
+    bot = await bots.start({"hold": {"when": "one", "after_chunks": 1}})
+    first = await fake.user_posts(general, people.alice, f"{mention} one")
+    await first.wait_acked()
+    await bot.wait_event("held")
+    await fake.wait_for_call("chat.postMessage", predicate=lambda c: c.ok, timeout=10)  # the partial, late
+    await bot.release()
+    await fake.wait_for(
+        lambda: any(m.text.startswith("answer to Alice") for m in replies_of_bot(fake, general)), 10
+    )
+    assert len(too_many.hits) == 1 and len(quietly_limited.hits) == 1
+
+    # The post lands but its response never arrives: the bridge looks it up by its key instead of re-posting.
+    lost = fake.drop_on("chat.postMessage")
+    second = await fake.user_posts(general, people.bob, f"{mention} two")
+    await second.wait_acked()
+    await fake.wait_for(
+        lambda: any(m.text.startswith("answer to Bob") for m in replies_of_bot(fake, general)), 10
+    )
+    await bot.stop()
+    assert len(lost.fired) == 1
+    assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
+        f"answer to Alice: {mention} one",
+        f"answer to Bob: {mention} two",
+    ]
+    assert len([c for c in fake.calls_to("chat.postMessage") if c.effect_applied]) == 2
