@@ -349,11 +349,13 @@ def _cross_checks(config: BotConfig) -> list[Problem]:
         if "enabled" in table and not isinstance(table["enabled"], bool):
             problems.append(config.problem(("adapters", name, "enabled"), "must be true or false"))
     approvals = config.approvals
-    if approvals.tools and not approvals.approvers and not approvals.groups:
+    enabled = config.tools.enabled
+    gated = [t for t in approvals.tools if enabled is None or t in enabled]
+    if gated and not approvals.approvers and not approvals.groups:
         problems.append(
             config.problem(
                 ("approvals", "approvers"),
-                f"nobody may approve {', '.join(approvals.tools)}: list approver ids in approvals.approvers "
+                f"nobody may approve {', '.join(gated)}: list approver ids in approvals.approvers "
                 "or groups/roles in approvals.groups (or set approvals.tools = [])",
             )
         )

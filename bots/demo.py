@@ -119,8 +119,9 @@ def respond(request: ModelRequest) -> AssistantMessage:
     speaker, _, text = raw.partition(": ")
     if not text:
         speaker, text = "", raw
+    text = re.sub(r"<@[^>\s]+>|^\s*@[\w.-]+[,:]?", "", text).strip()  # mentions of the bot
     results = [m for m in messages[users[-1] + 1 :] if isinstance(m, ToolResultMessage)]
-    turn = Turn(speaker=speaker, text=text.strip(), results=results, tools=tools, messages=len(messages))
+    turn = Turn(speaker=speaker, text=text, results=results, tools=tools, messages=len(messages))
     if first.startswith(HISTORY_PREFIX):
         return _history_child(turn, first.removeprefix(HISTORY_PREFIX))
     return _parent(turn)
@@ -158,8 +159,15 @@ def _missing(turn: Turn, tool: str) -> AssistantMessage:
     )
 
 
+def _plain(result: ToolResultMessage) -> str:
+    """A tool result's text without the harness's `<harness>[error] ...</harness>` wrapping."""
+    text = result.text().strip()
+    text = re.sub(r"^<harness>\s*(.*?)\s*</harness>$", r"\1", text, flags=re.DOTALL)
+    return re.sub(r"^\[error\]\s*", "", text)
+
+
 def _failure(result: ToolResultMessage) -> str:
-    text = result.text()
+    text = _plain(result)
     if "was interrupted" in text:
         return (
             f"The `{result.tool_name}` call was interrupted (the bot restarted while it ran), so I cannot tell "
@@ -376,7 +384,7 @@ def _explicit_deploy(turn: Turn, service: str, version: str) -> AssistantMessage
 
 
 def _deploy_report(result: ToolResultMessage, service: str, version: str) -> str:
-    text = result.text()
+    text = _plain(result)
     if not result.is_error:
         return (
             f"Deployed {service} {version} after approval. {text} I will watch the logs for the next few "

@@ -1,0 +1,186 @@
+"""Config validation: every problem names the file, the line and the key; secrets are refused; `check-config`
+exits 0 on a good file and 1 on a broken one (run in-process through `bots.cli.main`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bots.cli import main
+from bots.config import ConfigError, key_lines, load_config, parse_config
+from bots.runtime import bridge_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "bot.toml")
+    return [str(p) for p in caught.value.problems]
+
+
+def test_wrong_type_names_the_key_and_its_line() -> None:
+    text = '[bot]\nname = "ops"\n\n[approvals]\napprovers = ["lead"]\nexpires_minutes = "soon"\n'
+    (problem,) = problems(text)
+    assert problem.startswith("bot.toml:6: approvals.expires_minutes: ")
+    assert "valid number" in problem and "'soon'" in problem
+
+
+def test_unknown_key_is_an_error_that_lists_the_allowed_keys() -> None:
+    (problem,) = problems('[storage]\npath = "x.sqlite"\ndurabilty = "full"\n')
+    assert problem == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability)"
+
+
+def test_unknown_table_and_unknown_key_in_a_channel_override() -> None:
+    text = '[answer]\nmode = "all"\n\n[channels."C 42"]\nmode = "sometimes"\nanswr = 1\n\n[bots]\nx = 1\n'
+    assert problems(text) == [
+        "bot.toml:5: channels.\"C 42\".mode: Input should be 'mentions', 'all' or 'none' (got 'sometimes')",
+        'bot.toml:6: channels."C 42".answr: unknown key (allowed here: mode, record_unaddressed, reply_in_thread)',
+        "bot.toml:8: bots: unknown key (allowed here: bot, storage, answer, channels, tools, approvals, deploy, "
+        "logs, tickets, retry, compaction, tasks, adapters)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-4o", "model must look like 'provider:model'"),
+        ("mistral:large", "unknown model provider 'mistral'"),
+        ("faux:faux-1", "the faux provider only has the offline demo script 'faux:demo'"),
+    ],
+)
+def test_bad_model_strings(model: str, expected: str) -> None:
+    (problem,) = problems(f'# the model\n[bot]\nmodel = "{model}"\n')
+    assert problem.startswith("bot.toml:3: bot.model: ") and expected in problem
+
+
+def test_a_secret_key_is_refused_with_the_env_var_to_use() -> None:
+    text = '[bot]\nmodel = "openai:gpt-4o"\napi_key = "abc"\n\n[adapters.slack]\nmode = "socket"\nbot_token = "x"\n'
+    assert problems(text) == [
+        "bot.toml:3: bot.api_key: secrets do not belong in the config file: remove this key and set "
+        "OPENAI_API_KEY in the environment instead",
+        "bot.toml:7: adapters.slack.bot_token: secrets do not belong in the config file: remove this key and set "
+        "SLACK_BOT_TOKEN in the environment instead",
+    ]
+
+
+def test_a_value_that_looks_like_a_token_is_refused_wherever_it_is() -> None:
+    (problem,) = problems('[adapters.discord]\nnote = "xoxb-1234-5678-abcdef"\n')
+    assert problem.startswith("bot.toml:2: adapters.discord.note: this value looks like a Slack token")
+    assert "SLACK_BOT_TOKEN" in problem
+
+
+def test_token_counts_are_not_secrets() -> None:
+    config = parse_config(
+        "[compaction]\nreserve_tokens = 1000\nkeep_recent_tokens = 2000\n[approvals]\ntools = []\n"
+    )
+    assert config.harness_settings().compaction.reserve_tokens == 1000
+
+
+def test_a_webhook_url_with_credentials_is_refused() -> None:
+    (problem,) = problems('[deploy]\nwebhook_url = "https://user:pw@deploy.example/hook"\n')
+    assert problem.startswith("bot.toml:2: deploy.webhook_url: ") and "DEPLOY_WEBHOOK_TOKEN" in problem
+
+
+def test_toml_syntax_errors_name_the_line() -> None:
+    (problem,) = problems('[bot]\nname = "ops"\nmodel = \n')
+    assert problem.startswith("bot.toml:3: TOML syntax error: ")
+
+
+def test_nobody_to_approve_an_enabled_gated_tool_is_an_error() -> None:
+    (problem,) = problems('[approvals]\ntools = ["deploy"]\n')
+    assert problem.startswith("bot.toml:1: approvals.approvers: nobody may approve deploy")
+    parse_config('[tools]\nenabled = ["search_logs"]\n')  # deploy is not enabled: nothing to approve
+
+
+def test_line_scanner_ignores_what_multiline_strings_and_arrays_contain() -> None:
+    text = (
+        '[bot]\ninstructions = """\n[storage]\npath = "not a key"\n"""\nname = "x"\n'
+        'tags = [\n  "a",\n  "[b]",\n]\n[adapters.devchat]\nport = 1\nopts = { a = 1 }\n'
+    )
+    lines = key_lines(text)
+    assert lines[("bot", "name")] == 6
+    assert ("storage",) not in lines
+    assert lines[("adapters", "devchat", "port")] == 12
+    assert lines[("adapters", "devchat", "opts")] == 13
+
+
+def test_channel_overrides_inherit_the_answer_table() -> None:
+    config = parse_config(
+        '[answer]\nmode = "mentions"\nreply_in_thread = true\n\n[channels.C1]\nmode = "all"\n[approvals]\n'
+        'approvers = ["U1"]\n'
+    )
+    bridge = bridge_config(config)
+    assert bridge.default.answer == "mentions" and bridge.default.reply_in_thread
+    assert bridge.channels["C1"].answer == "all" and bridge.channels["C1"].reply_in_thread
+
+
+def test_missing_file_is_reported() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config("/nonexistent/bot.toml")
+    assert "cannot read the config file" in str(caught.value)
+
+
+# --- check-config -----------------------------------------------------------------------------------------
+
+
+def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[bot]\nmodel = "faux:demo"\n\n[answer]\nmode = "loud"\n')
+    assert main(["check-config", "--config", str(broken)]) == 1
+    captured = capsys.readouterr()
+    assert f"{broken}:5: answer.mode: " in captured.err and captured.out == ""
+
+    good = tmp_path / "good.toml"
+    good.write_text(f'[storage]\npath = "{tmp_path / "x.sqlite"}"\n[approvals]\napprovers = ["lead"]\n')
+    assert main(["check-config", "--config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert f"{good}: OK" in out and "model faux:demo (offline demo script)" in out
+    assert not (tmp_path / "x.sqlite").exists(), "check-config never creates the storage"
+
+
+def test_check_config_finds_unknown_tool_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bot.toml"
+    path.write_text('[tools]\nenabled = ["search_logs", "deploi"]\n\n[approvals]\napprovers = ["x"]\n')
+    assert main(["check-config", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:2: tools.enabled[1]: unknown tool 'deploi'" in err
+
+
+def test_check_config_locates_a_key_the_adapter_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        '[approvals]\napprovers = ["lead"]\n\n[adapters.devchat]\nhost = "127.0.0.1"\nport = 99999\n'
+    )
+    assert main(["check-config", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:6: adapters.devchat.port: the devchat adapter refused it: " in err
+
+
+def test_check_config_warns_about_missing_secrets_without_failing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISCORD_BOT_TOKEN", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        '[bot]\nmodel = "anthropic:claude-sonnet-4-5"\n[approvals]\napprovers = ["1"]\n[adapters.discord]\n'
+    )
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: ANTHROPIC_API_KEY is not set" in out and "DISCORD_BOT_TOKEN is not set" in out
+
+
+@pytest.mark.parametrize("name", ["ops.toml", "ops.example-slack.toml", "ops.example-discord.toml"])
+def test_shipped_configs_are_valid(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cwd = Path.cwd()
+    os.chdir(REPO)  # relative paths in the shipped files are relative to the repository root
+    try:
+        assert main(["check-config", "--config", f"config/{name}"]) == 0
+    finally:
+        os.chdir(cwd)
+    assert "OK" in capsys.readouterr().out
