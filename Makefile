@@ -27,6 +27,7 @@ lint: $(VENV)/.installed-dev
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
+	$(BIN)/mypy -p bots
 
 imports: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
