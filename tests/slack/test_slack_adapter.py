@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from slack_e2e import Bots, People, add_people, replies_of_bot
+from slack_e2e import STORY, Bots, People, add_people, replies_of_bot
 
 from adapters.slack.testing import Channel, FakeSlack
 
@@ -239,3 +239,32 @@ async def test_rate_limits_and_a_lost_response_cost_no_message_and_no_duplicate(
         f"answer to Bob: {mention} two",
     ]
     assert len([c for c in fake.calls_to("chat.postMessage") if c.effect_applied]) == 2
+
+
+async def test_a_long_streamed_answer_is_split_into_parts_each_within_the_limit(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    bot = await bots.start(
+        {
+            "reply_in_thread": True,
+            "chunk_size": 24,
+            "delay_ms": 5,
+            "slack": {"max_chars": 200, "edit_interval": 0.1},
+        }
+    )
+    post = await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> a story please")
+    await post.wait_acked()
+    await fake.wait_for(
+        lambda: (
+            " ".join(m.text for m in replies_of_bot(fake, general, post.ts)).split() == STORY.split()
+            and not any(m.streaming for m in replies_of_bot(fake, general, post.ts))
+        ),
+        15,
+    )
+    await bot.stop()
+    parts = replies_of_bot(fake, general, post.ts)
+    assert len(parts) >= 3
+    assert all(len(m.text) <= 200 for m in parts)
+    keys = [str((m.event_payload or {}).get("key")) for m in parts]
+    assert [k.rsplit("#", 1)[1] for k in keys] == [str(i) for i in range(len(parts))]
+    assert fake.calls_to("chat.startStream")  # it streamed while the text fit

@@ -1,0 +1,298 @@
+"""The Slack adapter's parts in one process: configuration, signatures, what streams, the transport's edge
+cases against the fake Slack, and an in-process adapter run (no secrets in logs, nothing left running)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, RetryLater
+from adapters.bridge.text import render_partial
+from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
+from adapters.slack.blocks import approval_blocks, parse_action
+from adapters.slack.directory import Directory
+from adapters.slack.testing import FakeSlack
+from adapters.slack.transport import streamable
+from harness_core import AgentChange, Harness, ModelRef, Models, Registry
+from harness_core.messages import UserMessage, user_text
+from harness_core.models.faux import FauxProvider, faux_assistant
+from harness_core.storage import MemoryStorage
+
+ENV = {
+    "SLACK_BOT_TOKEN": "xoxb-secret-bot",
+    "SLACK_APP_TOKEN": "xapp-secret-app",
+    "SLACK_SIGNING_SECRET": "s3cr3t",
+}
+
+
+# --- configuration ----------------------------------------------------------------------------------------------
+
+
+def test_options_are_validated_and_errors_name_the_key() -> None:
+    adapter = create({"mode": "http", "port": 0, "edit_interval": 1.2}, ENV)
+    assert adapter.options.mode == "http" and adapter.options.edit_interval == 1.2
+    with pytest.raises(SlackConfigError, match=r"adapters\.slack\.prot"):
+        create({"prot": 3000}, ENV)
+    with pytest.raises(SlackConfigError, match=r"adapters\.slack\.port"):
+        create({"port": "not a number"}, ENV)
+    with pytest.raises(SlackConfigError, match=r"adapters\.slack\.max_chars"):
+        create({"max_chars": 50_000}, ENV)
+    with pytest.raises(SlackConfigError, match=r"adapters\.slack\.mode"):
+        create({"mode": "rtm"}, ENV)
+
+
+def test_secrets_come_only_from_the_environment_and_never_show() -> None:
+    with pytest.raises(SlackConfigError, match="SLACK_BOT_TOKEN"):
+        create({}, {"SLACK_APP_TOKEN": "xapp-1"})
+    with pytest.raises(SlackConfigError, match="SLACK_APP_TOKEN"):
+        create({"mode": "socket"}, {"SLACK_BOT_TOKEN": "xoxb-1"})
+    with pytest.raises(SlackConfigError, match="SLACK_SIGNING_SECRET") as refused:
+        create({"mode": "http"}, {"SLACK_BOT_TOKEN": "xoxb-secret-bot"})
+    assert "xoxb-secret-bot" not in str(refused.value)
+    with pytest.raises(SlackConfigError, match=r"adapters\.slack\.bot_token"):
+        create({"bot_token": "xoxb-in-the-config-file"}, ENV)  # not a config key: secrets live in the env
+    adapter = create({}, {**ENV, "SLACK_API_URL": "http://127.0.0.1:9/api"})
+    assert adapter._secrets.api_url == "http://127.0.0.1:9/api/"
+    assert "secret" not in repr(adapter) and "secret" not in repr(adapter._secrets)
+
+
+def test_request_signatures_are_checked_over_the_raw_bytes() -> None:
+    now = time.time()
+    body = b'{"type":"event_callback"}'
+    stamp = str(int(now))
+    good = "v0=" + hmac.new(b"s3cr3t", b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+    assert signature_valid("s3cr3t", body, stamp, good, now)
+    assert not signature_valid("other", body, stamp, good, now)
+    assert not signature_valid("s3cr3t", body + b" ", stamp, good, now)
+    assert not signature_valid("s3cr3t", body, stamp, good, now + 301)  # replay window: 5 minutes
+    assert not signature_valid("s3cr3t", body, "yesterday", good, now)
+    assert not signature_valid("s3cr3t", body, None, good, now)
+    assert not signature_valid("s3cr3t", b"\xff\xfe", stamp, good, now)  # not UTF-8: no crash
+
+
+def test_what_streams_is_the_model_text_before_the_bridges_typing_marker() -> None:
+    def live(text: str, tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        message = {"content": [{"type": "text", "text": text}]} if text else None
+        return {"generation": {"message": message}, "tools": tools or []}
+
+    assert streamable(render_partial(live(""), [])) == ""  # the placeholder: start an empty stream
+    assert streamable(render_partial(live("Hello wor"), [])) == "Hello wor"
+    waiting = render_partial(live("Deploying …", [{"name": "deploy", "status": "pending"}]), ["deploy"])
+    assert streamable(waiting) == "Deploying …"  # the model's own ellipsis stays; the status line does not
+    assert streamable(render_partial(live("", [{"name": "deploy", "status": "running"}]), [])) is None
+    assert streamable("a final answer") is None
+
+
+# --- the transport against the fake -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as running:
+        yield running
+
+
+@pytest.fixture
+async def client(fake: FakeSlack) -> AsyncIterator[AsyncWebClient]:
+    web = AsyncWebClient(token=fake.bot_token, base_url=fake.api_url, retry_handlers=[])
+    yield web
+    if web.session is not None:
+        await web.session.close()
+
+
+def transport_for(fake: FakeSlack, client: AsyncWebClient, **options: Any) -> SlackTransport:
+    governor = RateGovernor()
+    directory = Directory(client, governor, user_ttl=60, group_ttl=60, lookup_timeout=2)
+    return SlackTransport(
+        client,
+        options=SlackOptions(**options),
+        directory=directory,
+        governor=governor,
+        team_id=fake.team_id,
+        bot_user_id=fake.bot_user_id,
+        bot_id=fake.bot_id,
+    )
+
+
+async def test_posts_carry_their_key_and_are_found_by_it(fake: FakeSlack, client: AsyncWebClient) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    parent = fake.seed_message(general, "a question", user=alice)
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    thread = channel.in_thread(parent.ts)
+    top = await transport.create(channel, "top", "reply:1#0")
+    inside = await transport.create(thread, "inside", "reply:2#0")  # not a reply the bridge knows: no stream
+    fake.seed_message(
+        general, "someone else's", user=alice, metadata={"event_type": "x", "event_payload": {}}
+    )
+    assert await transport.find(channel, "reply:1#0") == top
+    assert await transport.find(thread, "reply:2#0") == inside
+    assert await transport.find(channel, "reply:2#0") is None
+    assert await transport.find(thread, "reply:9#0") is None  # no bridge: no orphan adoption either
+    assert fake.message(general, inside).event_payload == {"key": "reply:2#0"}
+    await transport.edit(channel, top, "top, edited", "reply:1#0", final=True)
+    assert fake.message(general, top).text == "top, edited"
+    assert fake.message(general, top).event_payload == {"key": "reply:1#0"}
+
+
+async def test_platform_errors_become_the_bridges_errors(fake: FakeSlack, client: AsyncWebClient) -> None:
+    general = fake.add_channel("general")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    fake.rate_limit("chat.postMessage", retry_after=3)
+    with pytest.raises(RetryLater) as limited:
+        await transport.create(channel, "hi", "reply:1#0")
+    assert limited.value.seconds == 3
+    fake.rate_limit("chat.postMessage", retry_after=2, status=200)  # the ok:false variant, no HTTP 429
+    with pytest.raises(RetryLater):
+        await transport.create(channel, "hi", "reply:1#0")
+    ts = await transport.create(channel, "hi", "reply:1#0")
+    await fake.user_deletes(general, ts, deliver=False)
+    with pytest.raises(MessageGone):
+        await transport.edit(channel, ts, "again", "reply:1#0", final=True)
+    gate = GateView(
+        7, "deploy", {"service": "api"}, "UALICE", "alice", "approved", "boss", 1_700_000_000_000, 0
+    )
+    await transport.update_approval(channel, ts, gate)  # gone: nothing to show it on, and no endless retry
+
+
+class _Requests:
+    """A bridge stand-in for `SlackTransport`: the reply of submission 1 is in progress, asked by alice."""
+
+    class harness:
+        @staticmethod
+        async def submission(submission_id: int) -> Any:
+            return type("Handle", (), {"record": type("Record", (), {"status": "placed"})()})()
+
+        @staticmethod
+        async def snapshot(definition: Any, key: str | None = None) -> Any:
+            return {"requester": {"user_id": "UALICE", "user_name": "alice"}, "parts": []}
+
+        @staticmethod
+        async def family(definition: Any) -> dict[str, Any]:
+            return {}
+
+
+async def test_a_stream_that_expires_or_is_refused_falls_back_to_updates(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    parent = fake.seed_message(general, "tell me", user=alice)
+    transport = transport_for(fake, client)
+    transport.bridge = _Requests()  # type: ignore[assignment]
+    thread = Place("slack", fake.team_id, general.id, parent.ts)
+    ts = await transport.create(thread, "Once upon …", "reply:1#0")
+    await transport.edit(thread, ts, "Once upon a time …", "reply:1#0", final=False)
+    assert fake.message(general, ts).text == "Once upon a time" and fake.message(general, ts).streaming
+    fake.expire_stream(general, ts)
+    await transport.edit(thread, ts, "Once upon a time there …", "reply:1#0", final=False)
+    await transport.edit(thread, ts, "Once upon a time there was a bot.", "reply:1#0", final=True)
+    message = fake.message(general, ts)
+    assert message.text == "Once upon a time there was a bot." and not message.streaming
+    assert message.event_payload == {"key": "reply:1#0"}
+    assert [c.method for c in fake.calls if c.method.startswith("chat.")] == [
+        "chat.startStream",
+        "chat.appendStream",
+        "chat.appendStream",  # refused: message_not_in_streaming_state
+        "chat.stopStream",  # nothing to stop, but it would have stamped the key
+        "chat.update",
+        "chat.update",
+    ]
+
+    fake.fail("chat.startStream", "feature_not_enabled")
+    other = await transport.create(thread, "Another …", "reply:1#1")
+    assert fake.message(general, other).event_payload == {"key": "reply:1#1"}  # posted instead
+    assert fake.calls[-1].method == "chat.postMessage"
+
+
+async def test_display_names_are_looked_up_once_and_a_failure_does_not_block(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    fake.add_user("UALICE", name="alice", display_name="Alice A.")
+    directory = Directory(client, RateGovernor(), user_ttl=60, group_ttl=60, lookup_timeout=2)
+    names = await asyncio.gather(*(directory.name("UALICE") for _ in range(5)))
+    assert names == ["Alice A."] * 5
+    assert len(fake.calls_to("users.info")) == 1
+    assert await directory.name("UNOBODY", fallback="nobody") == "nobody"
+    fake.add_usergroup("oncall", ["UALICE"], group_id="SONCALL")
+    assert await directory.groups_of("UALICE", ["SONCALL", "SMISSING"]) == ["SONCALL"]
+    assert await directory.groups_of("UBOB", ["SONCALL"]) == []
+    assert len(fake.calls_to("usergroups.users.list")) == 2  # cached since
+
+
+def _is_fake(task: asyncio.Task[Any]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    filename = getattr(code, "co_filename", "")
+    return "/adapters/slack/_fake_" in filename or filename.endswith("/adapters/slack/testing.py")
+
+
+def test_approval_blocks_encode_the_gate_and_show_the_decision() -> None:
+    pending = GateView(
+        42, "deploy", {"service": "api", "note": "x" * 5000}, "UALICE", "alice", "pending", None, None, 1
+    )
+    blocks = approval_blocks(pending)
+    actions = [b for b in blocks if b["type"] == "actions"]
+    assert [e["action_id"] for e in actions[0]["elements"]] == [
+        "durable_bots_gate:approve:42",
+        "durable_bots_gate:deny:42",
+    ]
+    assert [e["value"] for e in actions[0]["elements"]] == ["42", "42"]
+    assert all(len(b["text"]["text"]) <= 3000 for b in blocks if b["type"] == "section")
+    assert parse_action("durable_bots_gate:deny:42") == (False, 42)
+    assert parse_action("someone_elses_button") is None
+    for status, shown in (
+        ("approved", "Approved by boss"),
+        ("denied", "Denied by boss"),
+        ("expired", "Expired"),
+    ):
+        decided = GateView(42, "deploy", {}, "UALICE", "alice", status, "boss", 1_700_000_000_000, 1)
+        rendered = approval_blocks(decided)
+        assert not [b for b in rendered if b["type"] == "actions"]
+        assert shown in rendered[-1]["elements"][0]["text"]
+
+
+# --- the whole adapter in this process --------------------------------------------------------------------------
+
+
+async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_running(
+    fake: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    faux = FauxProvider()
+    faux.set_responder(
+        lambda r: faux_assistant("re " + [user_text(m) for m in r.messages if isinstance(m, UserMessage)][-1])
+    )
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    adapter = create({"mode": "socket"}, fake.env)
+    before = asyncio.all_tasks()
+    await bridge.start()
+    await adapter.start(bridge)
+    harness.resume()
+    post = await fake.user_posts(general, alice, f"<@{fake.bot_user_id}> hi")
+    await post.wait_acked()
+    await fake.wait_for_message(general, contains="re alice", timeout=10)
+    await adapter.stop()
+    await bridge.stop()
+    await harness.close()
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() - before if not t.done() and not _is_fake(t)]
+    assert leftover == [], leftover
+    logged = caplog.text
+    assert logged  # debug logging was on
+    for secret in (fake.bot_token, fake.app_token, fake.signing_secret):
+        assert secret not in logged
