@@ -4,7 +4,8 @@ Loaded through the config (`[adapters.fake] module = "bots_fake_chat"`, with tes
 real `python -m bots run` process can be driven without a chat platform. Options:
 
 - `messages`: [{id, text, user?, name?}] taken in at start (exactly once across restarts: same ids);
-- `inbox`: a JSONL file polled for more messages while running;
+- `inbox`: a JSONL file polled while running for more messages and for approval clicks
+  (`{"click": gate id, "user": ..., "name": ..., "approve": true}`);
 - `journal`: a JSONL file that records every post, edit and approval request (replayed by the next
   process, so the fake platform keeps its messages across restarts); each is also printed on stdout as
   `fake: {...}` so a test can react to it.
@@ -106,6 +107,19 @@ class FakeChat:
         )
         await self.bridge.intake(message)
 
+    async def click(self, raw: Mapping[str, Any]) -> None:
+        """An Approve/Deny click: `{"click": gate id, "user", "name", "approve"}`."""
+        assert self.bridge is not None
+        decision = await self.bridge.decide(
+            int(raw["click"]),
+            user_id=str(raw["user"]),
+            user_name=str(raw["name"]),
+            approve=bool(raw["approve"]),
+        )
+        self.transport.note(
+            op="decision", gate=int(raw["click"]), accepted=decision.accepted, status=decision.status
+        )
+
     async def start(self, bridge: Bridge) -> None:
         self.bridge = bridge
         bridge.attach(self.transport)
@@ -120,7 +134,11 @@ class FakeChat:
             if self.inbox.exists():
                 lines = self.inbox.read_text().splitlines()
                 for line in lines[self.seen :]:
-                    await self.take(json.loads(line))
+                    raw = json.loads(line)
+                    if "click" in raw:
+                        await self.click(raw)
+                    else:
+                        await self.take(raw)
                 self.seen = len(lines)
             await asyncio.sleep(0.05)
 

@@ -214,3 +214,40 @@ async def test_approvals_lists_a_pending_deploy_request(tmp_path: Path) -> None:
     inspected = await cli(config, "inspect", env=env)
     assert "pending approvals (1):" in inspected.stdout
     assert any("core.tool deploy" in line and "waiting" in line for line in inspected.stdout.splitlines())
+
+
+async def test_a_deploy_waiting_for_approval_survives_sigkill_and_runs_once_when_approved(
+    tmp_path: Path,
+) -> None:
+    env = bot_env(tmp_path)
+    inbox = tmp_path / "inbox.jsonl"
+    config = write_config(
+        tmp_path,
+        messages=[{"id": "1", "text": "deploy payments 2.8.0"}],
+        extra=f'inbox = "{inbox}"',
+    )
+    bot = await BotProcess.start(config, env=env)
+    try:
+        gate = await bot.wait_for_fake(lambda r: r["op"] == "approval")
+    finally:
+        await bot.kill()  # SIGKILL while the deploy waits for a human
+
+    bot = await BotProcess.start(config, env=env)
+    try:
+        assert await bot.wait_for(lambda line: "durable-bots: ready" in line) is not None
+        inbox.write_text(
+            json.dumps({"click": gate["gate"], "user": "U-lead", "name": "lead", "approve": True}) + "\n"
+        )
+        decision = await bot.wait_for_fake(lambda r: r["op"] == "decision")
+        assert decision["accepted"] and decision["status"] == "approved"
+        answer = await bot.wait_for_fake(
+            lambda r: "Deployed payments 2.8.0 after approval" in r.get("text", "")
+        )
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    (deploy,) = [json.loads(line) for line in (tmp_path / "deploys.jsonl").read_text().splitlines()]
+    assert deploy["idempotency_key"] == f"deploy-{gate['gate']}" and deploy["approved_by"] == "lead"
+    assert f"deploy-{gate['gate']}" in answer["text"]
+    approvals = [r for r in journal(tmp_path) if r["op"] == "approval"]
+    assert len(approvals) == 1, "the approval request was not posted again after the restart"
