@@ -54,7 +54,7 @@ class DiscordSettings:
 def _describe(error: ValidationError) -> str:
     problems = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(table)"
+        key = ".".join(["adapters.discord", *(str(part) for part in item["loc"])])
         message = "unknown option" if item["type"] == "extra_forbidden" else item["msg"]
         problems.append(f"{key}: {message}")
     return "; ".join(problems)
@@ -65,7 +65,7 @@ def load_settings(options: Mapping[str, Any], env: Mapping[str, str]) -> Discord
     try:
         parsed = DiscordOptions.model_validate(dict(options))
     except ValidationError as error:
-        raise DiscordConfigError(f"invalid [adapters.discord] options: {_describe(error)}") from None
+        raise DiscordConfigError(_describe(error)) from None
     token = (env.get(TOKEN_ENV) or "").strip()
     if not token:
         raise DiscordConfigError(f"{TOKEN_ENV} is not set (the bot token is only read from the environment)")

@@ -5,7 +5,8 @@
 Environment: ``DISCORD_BOT_TOKEN``, ``DISCORD_API_URL``, ``DISCORD_GATEWAY_URL`` (``FakeDiscord.env()``) and
 ``BOT_CONFIG`` (JSON): ``adapter`` (the ``[adapters.discord]`` table), ``answer`` (channel policy),
 ``approvers`` / ``groups`` (who may approve ``deploy``), ``chunk_size`` / ``delay_ms`` (how the scripted model
-streams). Prints JSON lines on stdout (``ready``, ``request``, ``stopped``, ``report``); runs until SIGTERM,
+streams). Prints JSON lines on stdout (``ready``, ``request``, ``delivered``, ``stopped``, ``report``); runs
+until SIGTERM,
 then shuts down gracefully. The tests SIGKILL it at chosen moments.
 
 The model is a `FauxProvider` answering from the request alone (so a restarted process answers the same):
@@ -25,9 +26,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy
+from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, ReplyDoc
 from adapters.discord import create
-from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
+from harness_core import (
+    AgentChange,
+    Extension,
+    Harness,
+    ModelRef,
+    Models,
+    Publication,
+    Registry,
+    ToolApi,
+    tool,
+)
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_tool_call
@@ -107,6 +118,13 @@ async def main() -> None:
         approvals=[policy],
     )
     registry.install(bridge.extension())
+
+    def on_publication(publication: Publication) -> None:
+        for doc in publication.docs:  # a reply record is retired once its final text is shown and recorded
+            if doc.record.kind == ReplyDoc.kind and doc.retired:
+                emit("delivered", reply=doc.record.key)
+
+    harness.add_publication_listener(on_publication)
     registry.install(Extension("ops", tools=[deploy]))
     adapter = create(CONFIG.get("adapter", {}), os.environ)
 
@@ -114,8 +132,8 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
 
+    await bridge.start()  # the order of the bots runtime: the bridge first, then the adapters attach
     await adapter.start(bridge)
-    await bridge.start()
     harness.resume()
     emit("ready", pid=os.getpid(), caught_up=adapter.caught_up_messages)
     await stopping.wait()

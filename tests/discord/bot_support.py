@@ -69,13 +69,20 @@ class BotProcess:
         return events + "".join(self.stderr[-60:])
 
     async def wait_event(
-        self, name: str, predicate: Callable[[dict[str, Any]], bool] | None = None, *, timeout: float = 30.0
+        self,
+        name: str,
+        predicate: Callable[[dict[str, Any]], bool] | None = None,
+        *,
+        count: int = 1,
+        timeout: float = 30.0,
     ) -> dict[str, Any]:
+        """The `count`-th event `name` (matching `predicate`) the bot printed."""
+
         async def find() -> dict[str, Any]:
             while True:
-                for event in self.events:
-                    if event["event"] == name and (predicate is None or predicate(event)):
-                        return event
+                hits = [e for e in self.events if e["event"] == name and (predicate is None or predicate(e))]
+                if len(hits) >= count:
+                    return hits[count - 1]
                 if self.process.returncode is not None and self._readers[0].done():
                     raise AssertionError(
                         f"bot exited ({self.process.returncode}) before {name!r}:\n{self.log()}"

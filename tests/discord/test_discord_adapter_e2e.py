@@ -82,7 +82,7 @@ async def wait_final(
 async def test_two_users_while_busy_are_answered_in_order_and_a_thread_on_an_answer_forks_there(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
-    await bots.start(chunk_size=10, delay_ms=15, padding=" (details follow)" * 20)
+    bot = await bots.start(chunk_size=10, delay_ms=15, padding=" (details follow)" * 20)
     first = await fake.user_sends(world.general, world.alice, "how is the deploy going?")
     # The bot starts streaming its answer; bob speaks while it is still writing.
     streaming = await fake.wait_for_message(world.general, timeout=20)
@@ -106,6 +106,7 @@ async def test_two_users_while_busy_are_answered_in_order_and_a_thread_on_an_ans
     # A later channel message, then a thread on the first answer: the fork sees the channel up to that answer.
     await fake.user_sends(world.general, world.alice, "later channel message")
     await wait_text(fake, world.general, "re Alice: later channel message" + pad)
+    await bot.wait_event("delivered", count=4)  # every answer recorded: the thread forks at answer_1
     thread = await fake.user_creates_thread(world.general, answer_1, "deploy", world.bob)
     # no mention needed in a thread under the bot's answer
     await fake.user_sends_in_thread(thread, world.bob, "what do you see?")
@@ -122,6 +123,7 @@ def approval_message(world: World) -> FakeMessage | None:
 async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_once(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
+    fake.add_member(world.guild, world.alice, roles=[world.approvers])  # an approver, but she asks
     first = await bots.start()
     await fake.user_sends(world.general, world.alice, "please deploy the api")
     gate = await fake.wait_for(lambda: approval_message(world), timeout=20, what="the approval request")
@@ -138,7 +140,7 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     await fake.wait_for(lambda: refused.followups, what="bob's refusal")
     [note] = refused.followups
     assert note.ephemeral_for == world.bob.id and "not one of the approvers" in note.content
-    own = await fake.click(gate, f"durable-bots:approve:{gate_id}", world.alice)  # the requester
+    own = await fake.click(gate, f"durable-bots:approve:{gate_id}", world.alice)  # her own request
     await fake.wait_for(lambda: own.followups, what="alice's refusal")
     assert "someone else has to approve" in own.followups[0].content
     assert bots.ledger() == []
@@ -267,6 +269,7 @@ async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_resta
     first = await bots.start()
     await fake.user_sends(world.general, world.alice, "hello")
     answer = await wait_text(fake, world.general, "re Alice: hello")
+    await first.wait_event("delivered")  # shown and recorded: a thread on it forks at this answer
     assert await first.terminate() == 0
     assert first.events[-1]["event"] == "stopped"
     assert fake.connected_sessions == []
