@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import aiohttp
@@ -24,6 +24,7 @@ from adapters.bridge import (
     TransportError,
 )
 from adapters.discord._components import approval_view
+from adapters.discord._intake import shorten
 from adapters.discord._markers import footer_for, has_marker, marker_embed, nonce_for
 from adapters.discord._render import approval_content, approval_embed
 
@@ -39,7 +40,10 @@ DM_WORKSPACE = "@me"
 MAX_CHARS = 2000
 OLD_MESSAGE_EDIT_LIMIT = 30046  # "Maximum number of edits to messages older than 1 hour reached"
 UNKNOWN_MESSAGE = 10008
+UNKNOWN_CHANNEL = 10003
+THREAD_ALREADY_CREATED = 160004
 PERMANENT_PAUSE = 60.0  # how long the bridge waits before retrying a call Discord refuses for good (403/404)
+THREAD_NAME_CHARS = 80
 NO_MENTIONS = discord.AllowedMentions.none()  # model output must never ping @everyone or users
 
 
@@ -103,6 +107,33 @@ class DiscordTransport:
         guild_id = None if place.workspace == DM_WORKSPACE else int(place.workspace)
         return self.client.get_partial_messageable(channel_id_of(place), guild_id=guild_id)
 
+    async def _send(
+        self, target: Place, what: str, send: Callable[[], Awaitable[discord.Message]]
+    ) -> discord.Message:
+        """Post into `target`. A thread the bridge answers in (its id is the message it hangs off) may not exist
+        yet on Discord, unlike a Slack thread: start it from that message, then post."""
+        try:
+            return await self._guard(what, send())
+        except RetryLater as error:
+            cause = error.__cause__
+            missing = isinstance(cause, discord.NotFound) and cause.code == UNKNOWN_CHANNEL
+            if target.thread is None or not missing:
+                raise
+        await self._open_thread(target)
+        return await self._guard(what, send())
+
+    async def _open_thread(self, target: Place) -> None:
+        assert target.thread is not None
+        parent = self._channel(target.channel_place)
+        starter = await self._guard("fetch thread starter", parent.fetch_message(int(target.thread)))
+        name = shorten(starter.clean_content, THREAD_NAME_CHARS) or "Reply"
+        try:
+            await self._guard("start thread", starter.create_thread(name=name))
+        except TransportError as error:
+            cause = error.__cause__
+            if not (isinstance(cause, discord.HTTPException) and cause.code == THREAD_ALREADY_CREATED):
+                raise
+
     def _bot_id(self) -> int:
         user = self.client.user
         if user is None:
@@ -112,19 +143,10 @@ class DiscordTransport:
     # --- Transport ----------------------------------------------------------------------------------------
 
     async def create(self, target: Place, text: str, key: str) -> str:
-        channel = self._channel(target)
         message: discord.Message | None = None
         for attempt in range(2):
             try:
-                message = await self._guard(
-                    "create",
-                    channel.send(
-                        text,
-                        nonce=nonce_for(target, key, attempt=attempt),
-                        embed=marker_embed(target, key),
-                        allowed_mentions=NO_MENTIONS,
-                    ),
-                )
+                message = await self._post_part(target, text, key, nonce_for(target, key, attempt=attempt))
                 break
             except MessageGone:
                 # Discord answers 10008 when the nonce belongs to a message deleted shortly before (a moderator
@@ -137,6 +159,16 @@ class DiscordTransport:
             # what the bridge asked for now.
             await self._guard("edit", message.edit(content=text, allowed_mentions=NO_MENTIONS))
         return str(message.id)
+
+    async def _post_part(self, target: Place, text: str, key: str, nonce: str) -> discord.Message:
+        channel = self._channel(target)
+        return await self._send(
+            target,
+            "create",
+            lambda: channel.send(
+                text, nonce=nonce, embed=marker_embed(target, key), allowed_mentions=NO_MENTIONS
+            ),
+        )
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
         partial = self._channel(target).get_partial_message(int(message_id))
@@ -151,9 +183,11 @@ class DiscordTransport:
         return None
 
     async def post_approval(self, target: Place, gate: GateView, key: str) -> str:
-        message = await self._guard(
+        channel = self._channel(target)
+        message = await self._send(
+            target,
             "post approval",
-            self._channel(target).send(
+            lambda: channel.send(
                 approval_content(gate),
                 embed=approval_embed(gate, footer_for(target, key)),
                 view=approval_view(gate.gate_id),

@@ -22,6 +22,7 @@ from adapters.bridge import (
     ChannelPolicy,
     EditExpired,
     GateView,
+    MessageDoc,
     MessageGone,
     Place,
     PlaceDoc,
@@ -121,15 +122,21 @@ async def rig_factory(fake: FakeDiscord, world: World) -> AsyncIterator[Callable
     rigs: list[Rig] = []
 
     async def make(
-        *, answer: str = "all", options: dict[str, Any] | None = None, responder: Any = echo
+        *,
+        answer: str = "all",
+        policy: ChannelPolicy | None = None,
+        options: dict[str, Any] | None = None,
+        responder: Any = echo,
+        chunk_size: int = 8,
+        delay_ms: float = 0,
     ) -> Rig:
-        faux = FauxProvider()
+        faux = FauxProvider(chunk_size=chunk_size, delay_ms=delay_ms)
         faux.set_responder(responder)
         registry = Registry()
         harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
         bridge = Bridge(
             harness,
-            config=BridgeConfig(default=ChannelPolicy(answer=answer)),  # type: ignore[arg-type]
+            config=BridgeConfig(default=policy or ChannelPolicy(answer=answer)),  # type: ignore[arg-type]
             agent=MODEL,
             approvals=[ApprovalPolicy(tools=["deploy"], groups=[str(world.approvers.id)])],
         )
@@ -245,6 +252,10 @@ async def test_mentions_replies_dms_and_the_bots_own_messages(
     await fake.user_sends(dm, world.carol, "psst, a private question")
     await final(fake, dm, "re Carol: psst, a private question")
 
+    # Request ids (the bridge's message keys) are discord:<guild>:<channel>:<message id>; DMs use "@me".
+    keys = set((await rig.harness.family(MessageDoc)).keys())
+    assert f"discord:{world.guild.id}:{world.general.id}:{asked.id}" in keys
+    assert any(k.startswith(f"discord:@me:{dm.id}:") for k in keys)
     contexts = [user_lines(r) for r in rig.faux.requests]
     assert contexts[0] == ["Alice: the deploy is at five", "Alice: @durable-bot when is the deploy?"]
     assert contexts[1][-1].startswith("Bobby: (replying to durable-bot:")
@@ -397,3 +408,40 @@ async def test_a_session_discord_did_not_resume_is_followed_by_a_catch_up(
         "re Bobby: during the gap",
         "re Alice: after",
     ]
+
+
+async def test_reply_in_thread_policy_starts_the_thread_on_discord_and_answers_there(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    rig = await rig_factory(policy=ChannelPolicy(answer="all", reply_in_thread=True))
+    asked = await fake.user_sends(world.general, world.alice, "is staging healthy?")
+    thread = await fake.wait_for(
+        lambda: fake.channel(asked.thread_id) if asked.thread_id else None, what="the thread"
+    )
+    assert thread.is_thread and thread.parent_id == world.general.id and thread.name == "is staging healthy?"
+    await final(fake, thread, "re Alice: is staging healthy?")
+    assert [m.content for m in world.answers()] == []  # nothing in the channel itself
+    await fake.user_sends_in_thread(thread, world.bob, "and production?")
+    await final(fake, thread, "re Bobby: and production?")
+    assert user_lines(rig.faux.requests[-1]) == ["Alice: is staging healthy?", "Bobby: and production?"]
+    key = f"discord:{world.guild.id}:{world.general.id}:{fake.messages(thread)[-2].id}"
+    assert key in await rig.harness.family(MessageDoc)  # thread messages are keyed by the parent channel
+
+
+async def test_an_edit_refused_for_age_continues_the_answer_in_a_new_message(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    pad = " more" * 60
+    await rig_factory(
+        responder=lambda r: faux_assistant(f"re {user_lines(r)[-1]}{pad}"), chunk_size=20, delay_ms=10
+    )
+
+    def age(record: Any) -> None:  # as if the stream had started more than an hour ago
+        fake.age_message(int(record.params["message_id"]), 3601)
+
+    fake.on_request("PATCH", "/channels/{channel_id}/messages/{message_id}", age, times=1)
+    await fake.user_sends(world.general, world.alice, "a slow answer")
+    await final(fake, world.general, "re Alice: a slow answer" + pad)
+    first, second = world.answers()
+    assert first.content.endswith("…")  # keeps what it showed when Discord refused the edit (30046)
+    assert second.content == "re Alice: a slow answer" + pad
