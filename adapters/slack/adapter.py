@@ -70,6 +70,17 @@ def signature_valid(
     return hmac.compare_digest(expected, signature)
 
 
+class _QuietBoltNotices(logging.Filter):
+    """Bolt warns on every start that the `client` we pass wins over a token it read from os.environ."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("As you gave `client` as well")
+
+
+BOLT_LOG = logging.getLogger("adapters.slack.bolt")
+BOLT_LOG.addFilter(_QuietBoltNotices())
+
+
 def malformed(body: Any) -> str | None:
     """Why a decoded payload cannot be handled at all, or None. Bolt's own middleware raises on some shapes
     (an `event` that is not an object), which would answer 500 and make Slack retry the same garbage."""
@@ -233,7 +244,7 @@ class SlackAdapter:
             signing_secret=self._secrets.signing_secret or "",
             process_before_response=True,  # the ack goes out after the listener: commit, then ack
             request_verification_enabled=self.options.mode == "http",
-            logger=logging.getLogger("adapters.slack.bolt"),
+            logger=BOLT_LOG,
         )
         app.event("message")(self._on_message)
         app.event("app_mention")(self._on_message)
@@ -268,9 +279,10 @@ class SlackAdapter:
     ) -> None:
         await ack()  # within Slack's 3 s; Slack never redelivers a click
         parsed = parse_action(str(action.get("action_id") or ""))
-        if parsed is None or self._stopping:
+        if parsed is None:
             return
         approve, gate_id = parsed
+        # Acked clicks are decided even during stop(): it drains these tasks after the last request.
         self._spawn(self._decide(body, gate_id, approve, respond), name=f"slack-gate-click-{gate_id}")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
