@@ -44,10 +44,10 @@ async def test_inspect_lists_a_parked_task_and_retry_runs_it(tmp_path: Path) -> 
     assert inspected.returncode == 0, inspected.stderr
     parked_lines = [line for line in inspected.stdout.splitlines() if "PARKED" in line]
     assert len(parked_lines) == 1 and "core.tool fragile" in parked_lines[0], inspected.stdout
-    report = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)
-    (task_id,) = report["parked"]
+    tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+    (task_id,) = [t["id"] for t in tasks if t["state"] == "parked"]
     assert f"durable-bots retry {task_id}" in parked_lines[0]
-    assert [t["tool"] for t in report["tasks"] if t["state"] == "parked"] == ["fragile"]
+    assert [(t["tool"], t["restarts"]) for t in tasks if t["state"] == "parked"] == [("fragile", 2)]
 
     (tmp_path / "repaired").touch()  # the operator fixes the cause
     retried = await cli(config, "retry", str(task_id), env=env)
