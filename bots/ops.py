@@ -164,8 +164,11 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` (created 0600: it holds chat-derived text, like the database)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with os.fdopen(
+        os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8"
+    ) as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
@@ -230,7 +233,9 @@ def _record_deploy(path: Path, record: dict[str, Any]) -> bool:
                 with contextlib.suppress(ValueError):
                     if json.loads(line).get("idempotency_key") == record["idempotency_key"]:
                         return False
-        with open(path, "a", encoding="utf-8") as handle:
+        with os.fdopen(
+            os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a", encoding="utf-8"
+        ) as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
