@@ -234,16 +234,27 @@ class DiscordTransport:
                 return []  # never read a channel from its beginning: only what was missed is caught up
             after = place.thread  # a thread found at startup: every message in it is newer than its starter
         channel = self._channel(place)
-        start = discord.Object(id=int(after))
+        last = int(after)
 
-        async def read() -> list[discord.Message]:
-            return [
-                m async for m in channel.history(limit=self.catch_up_limit, after=start, oldest_first=True)
-            ]
+        async def read() -> tuple[list[discord.Message], bool]:
+            # Newest first, back to `after`: when more was missed than `catch_up_limit`, the oldest is
+            # dropped (and logged), never the newest.
+            found: list[discord.Message] = []
+            async for message in channel.history(limit=self.catch_up_limit + 1):
+                if message.id <= last:
+                    return found, True
+                found.append(message)
+            return found, False
 
-        messages = await self._guard("history", read())
-        if len(messages) >= self.catch_up_limit:
-            log.warning("catch-up of %s stopped after %d messages", place.key, len(messages))
+        newest_first, complete = await self._guard("history", read())
+        if not complete and len(newest_first) > self.catch_up_limit:
+            log.warning(
+                "catch-up of %s: more than %d messages were missed; the oldest are skipped",
+                place.key,
+                self.catch_up_limit,
+            )
+            newest_first = newest_first[: self.catch_up_limit]
+        messages = list(reversed(newest_first))
         bot_id = self._bot_id()
         found: list[IncomingMessage] = []
         for message in messages:

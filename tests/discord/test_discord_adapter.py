@@ -445,3 +445,26 @@ async def test_an_edit_refused_for_age_continues_the_answer_in_a_new_message(
     first, second = world.answers()
     assert first.content.endswith("…")  # keeps what it showed when Discord refused the edit (30046)
     assert second.content == "re Alice: a slow answer" + pad
+
+
+async def test_catch_up_reads_at_most_the_limit_and_keeps_the_newest(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    rig = await rig_factory(options={"catch_up_limit": 2})
+    await fake.user_sends(world.general, world.alice, "first")
+    await final(fake, world.general, "re Alice: first")
+    await rig.adapter.stop()
+    for text in ("missed 1", "missed 2", "missed 3"):
+        await fake.user_sends(world.general, world.bob, text)
+    again = create({**FAST, "catch_up_limit": 2}, fake.env())
+    try:
+        await again.start(rig.bridge)  # same bridge and store: a restart of the adapter alone
+        assert again.caught_up_messages == 2
+        await final(fake, world.general, "re Bobby: missed 3")
+        assert [m.content for m in world.answers()] == [
+            "re Alice: first",
+            "re Bobby: missed 2",
+            "re Bobby: missed 3",
+        ]
+    finally:
+        await again.stop()

@@ -166,6 +166,26 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     assert len([m for m in world.answers() if m.custom_ids() or m.content.startswith("✅")]) == 1
 
 
+async def test_sigkill_between_click_and_decision_leaves_the_gate_open_for_another_click(
+    fake: FakeDiscord, world: World, bots: Bots
+) -> None:
+    first = await bots.start()
+    await fake.user_sends(world.general, world.alice, "please deploy the api")
+    gate = await fake.wait_for(lambda: approval_message(world), timeout=20, what="the approval request")
+    approve = gate.custom_ids()[0]
+    fake.kill_on("POST", "/interactions/{interaction_id}/{interaction_token}/callback", first.pid)
+    lost = await fake.click(gate, approve, world.carol)  # acknowledged, then the process dies
+    assert lost.answered_in_time and await first.wait() == -9
+    assert gate.custom_ids() == [approve, approve.replace("approve", "deny")] and bots.ledger() == []
+
+    await bots.start()
+    again = await fake.click(gate, approve, world.carol)  # Discord never redelivers a click: she clicks again
+    assert again.answered_in_time and again.followups == []
+    await wait_final(fake, world.general, "deploy result:")
+    await fake.wait_for(lambda: not gate.components, what="the buttons to go")
+    assert gate.content.startswith("✅ `deploy` **approved** by Carol") and len(bots.ledger()) == 1
+
+
 async def test_sigkill_between_post_and_record_beyond_the_nonce_window_posts_once_and_loses_nothing(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
