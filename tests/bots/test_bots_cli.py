@@ -87,10 +87,9 @@ async def test_retry_of_an_unknown_task_and_export_of_an_unknown_conversation_fa
     bot = await BotProcess.start(config, env=env)
     assert await bot.wait_for(lambda line: "durable-bots: ready" in line) is not None
     assert await bot.terminate() == 0
-    retried, exported = await asyncio.gather(
-        cli(config, "retry", "999999", env=env), cli(config, "export", "999999", env=env)
-    )
+    retried = await cli(config, "retry", "999999", env=env)  # one at a time: each takes the owner lock
     assert retried.returncode == 1 and "there is no task 999999" in retried.stderr
+    exported = await cli(config, "export", "999999", env=env)
     assert exported.returncode == 1 and "there is no conversation 999999" in exported.stderr
 
 
