@@ -196,21 +196,34 @@ def test_create_validates_options_by_key_and_takes_secrets_only_from_the_environ
     assert "s3cret-token" not in caplog.text
 
 
-async def test_start_refuses_an_application_without_message_content(world: World) -> None:
+async def test_start_refuses_an_application_without_message_content() -> None:
     previous = current_endpoints()
     try:
-        async with FakeDiscord(heartbeat_interval=0.5, message_content_granted=False) as fake:
+        async with FakeDiscord(
+            heartbeat_interval=0.5, message_content_granted=False, reject_ungranted_privileged_intents=True
+        ) as fake:
             World(fake)
             harness = await Harness.open(await MemoryStorage.open())
             bridge = Bridge(harness)
             with pytest.raises(MessageContentNotEnabled, match="Message Content Intent"):
                 await create(FAST, fake.env()).start(bridge)
-            assert fake.sessions == []  # refused before connecting to the gateway
+            assert fake.sessions == []  # refused from the application's flags, before the gateway
             # Without the intent, by choice: it connects and asks Discord for no content intent.
             adapter = create({**FAST, "message_content": False}, fake.env())
             await adapter.start(bridge)
             assert not fake.sessions[0].message_content_requested
             await adapter.stop()
+
+            # The intent is switched off between the flags check and IDENTIFY: Discord closes with 4014.
+            fake.message_content_granted = True
+
+            def revoke(_: Any) -> None:
+                fake.message_content_granted = False
+
+            fake.on_request("GET", "/oauth2/applications/@me", revoke, when="after_effect", times=1)
+            with pytest.raises(MessageContentNotEnabled):
+                await create(FAST, fake.env()).start(bridge)
+            assert fake.connections[-1].server_close_code == 4014
             await harness.close()
     finally:
         override_endpoints(previous.api_url, previous.gateway_url)
