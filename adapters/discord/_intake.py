@@ -148,6 +148,9 @@ class Converter:
     def _mentions_bot(message: discord.Message, bot_id: int) -> bool:
         if any(user.id == bot_id for user in message.mentions):
             return True  # an @mention, or a reply to the bot that pings it
+        replied = message.reference.resolved if message.reference is not None else None
+        if isinstance(replied, discord.Message) and replied.author.id == bot_id:
+            return True  # a reply to the bot with the ping switched off still talks to it
         return any(
             role.is_bot_managed() and role.tags is not None and role.tags.bot_id == bot_id
             for role in message.role_mentions

@@ -261,6 +261,12 @@ async def test_mentions_replies_dms_and_the_bots_own_messages(
         're Bobby: (replying to durable-bot: "re Alice: @durable-bot when is the deploy?") thanks!',
     )
     await fake.user_sends(world.general, world.carol, "hmm", reply_to=asked, mention_author=False)
+    await fake.user_sends(world.general, world.carol, "quietly", reply_to=answer, mention_author=False)
+    await final(
+        fake,
+        world.general,
+        're Carol: (replying to durable-bot: "re Alice: @durable-bot when is the deploy?") quietly',
+    )
     dm = fake.dm_channel(world.carol)
     await fake.user_sends(dm, world.carol, "psst, a private question")
     await final(fake, dm, "re Carol: psst, a private question")
@@ -272,8 +278,8 @@ async def test_mentions_replies_dms_and_the_bots_own_messages(
     contexts = [user_lines(r) for r in rig.faux.requests]
     assert contexts[0] == ["Alice: the deploy is at five", "Alice: @durable-bot when is the deploy?"]
     assert contexts[1][-1].startswith("Bobby: (replying to durable-bot:")
-    assert contexts[2] == ["Carol: psst, a private question"]  # a DM is a conversation of its own
-    assert len(rig.faux.requests) == 3  # carol's unaddressed reply was recorded, not answered
+    assert contexts[3] == ["Carol: psst, a private question"]  # a DM is a conversation of its own
+    assert len(rig.faux.requests) == 4  # carol's reply to alice (no mention) was recorded, not answered
     place = await rig.harness.snapshot(PlaceDoc, key=world.place.key)
     channel = await rig.harness.conversation(int(place["conversation_id"]))
     assert channel is not None
