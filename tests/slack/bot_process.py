@@ -10,9 +10,12 @@ fork) contains.
 
 Prints JSON lines on stdout: `ready` (with `url` in HTTP mode), `intake` (every committed or duplicate
 intake, with the submission's status), `held`, `stopped`. Runs until SIGTERM, then shuts down gracefully
-(adapter, bridge, harness). Test-only knobs (options): `hold_after_intake` (block the first new intake after its
-commit, so the ack never goes out: the test SIGKILLs the process there), `hold` (`{"when": "story" |
-"tool_result" | <text>, "after_chunks": n}`: the model stops after n chunks until stdin says `release`).
+(adapter, bridge, harness).
+
+Test-only knobs (options): `hold_after_intake` blocks the first new intake after its commit, so the ack never
+goes out, and never lets the model answer (the test SIGKILLs the process there); `hold`
+(`{"when": "story" | "tool_result" | <text>, "after_chunks": n or [n, m]}`) stops the model after n chunks
+until stdin says `release`.
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ class GatedFaux(FauxProvider):
         return [int(p) for p in (points if isinstance(points, list) else [points])]
 
     async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
+        if OPTIONS.get("hold_after_intake"):
+            # This process dies right after an intake commit: its model never gets to answer (on a loaded
+            # machine it could otherwise run ahead before the test kills it).
+            await TracingBridge.forever.wait()
         points = self._held(request)
         chunks = 0
         async for partial in super().stream(model, request):

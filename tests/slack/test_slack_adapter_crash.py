@@ -183,7 +183,7 @@ async def test_sigkill_after_stream_start_before_its_id_was_recorded_adopts_the_
     general = fake.add_channel("general")
     options: dict[str, Any] = {"reply_in_thread": True, "chunk_size": 16}
     started = fake.kill_on("chat.startStream", newest_pid(bots), after_effect=True)
-    bot = await bots.start(options)
+    bot = await bots.start({**options, "hold": {"when": "story", "after_chunks": 1}})  # still writing
     post = await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> tell me a story")
     assert await bot.wait_exit() == -9
     assert len(started.fired) == 1
