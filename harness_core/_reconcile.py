@@ -84,16 +84,16 @@ async def ordinary_owned_work(tx: Tx, index: LiveIndex, task: Task) -> list[Task
     return found
 
 
-def _resumable(task: Task, index: LiveIndex, now: int) -> bool:
+def resumable(task: Task, index: LiveIndex, now: int) -> bool:
+    """A waiting task may resume: its deadline passed, every task it waits on is terminal, or (for a wait on
+    no tasks) it was woken or has no deadline. A wake never cuts short a wait on tasks."""
     state = task.state
     if state.status != "waiting":
         return False
-    if state.woken:
-        return True
     if state.deadline is not None and now >= state.deadline:
         return True
     if not state.on:
-        return state.deadline is None
+        return state.woken or state.deadline is None
     return all(index.live(other) is None for other in state.on)
 
 
@@ -136,7 +136,7 @@ class Reconciler:
         if status == "pending" and not task.abort_requested:
             self._maybe_reserve(task)
         elif status == "waiting":
-            if _resumable(task, self.index(), self.tx.now) and not task.abort_requested:
+            if resumable(task, self.index(), self.tx.now) and not task.abort_requested:
                 self._resume(task)
         elif status == "completing":
             if not await ordinary_owned_work(self.tx, self.index(), task):
@@ -240,7 +240,7 @@ class Reconciler:
                 continue
             if owner.state.status == "completing":
                 self.queue.append(owner.id) if owner.id in self.tx.local.tasks else self.put(owner)
-            elif owner.state.status == "waiting" and _resumable(owner, index, self.tx.now):
+            elif owner.state.status == "waiting" and resumable(owner, index, self.tx.now):
                 if owner.abort_requested:
                     self.put(owner)  # the scheduler starts its abort invocation once work below drained
                 else:

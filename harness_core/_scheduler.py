@@ -109,7 +109,7 @@ class Scheduler:
         return None
 
     async def _pass(self) -> None:
-        from harness_core._reconcile import LiveIndex
+        from harness_core._reconcile import LiveIndex, resumable
 
         harness = self.harness
         live = dict(harness.session.published.live_tasks)
@@ -124,15 +124,8 @@ class Scheduler:
                 self.start(task)
             elif status == "pending":
                 candidates.append(task.id)
-            elif status == "waiting":
-                resumable = (
-                    task.state.woken
-                    or (task.state.deadline is not None and now >= task.state.deadline)
-                    or (bool(task.state.on) and all(index.live(o) is None for o in task.state.on))
-                    or (not task.state.on and task.state.deadline is None)
-                )
-                if resumable or task.abort_requested:
-                    candidates.append(task.id)
+            elif status == "waiting" and (resumable(task, index, now) or task.abort_requested):
+                candidates.append(task.id)
         if candidates:
             reserved = await harness.session.commit(lambda tx: self._reserve(tx, candidates))
             for task in reserved:
@@ -141,7 +134,7 @@ class Scheduler:
         self._arm_timer()
 
     async def _reserve(self, tx: Tx, candidates: list[int]) -> list[Task]:
-        from harness_core._reconcile import LiveIndex, ordinary_owned_work
+        from harness_core._reconcile import LiveIndex, ordinary_owned_work, resumable
 
         reserved: list[Task] = []
         index = LiveIndex.build(tx.live_tasks())
@@ -155,17 +148,8 @@ class Scheduler:
                 if self.blocked(task) is not None:
                     await self.harness.orphan(tx, task, self.blocked(task))
                     continue
-            elif task.state.status == "waiting":
-                state = task.state
-                now = self.harness.now()
-                ready = (
-                    state.woken
-                    or (state.deadline is not None and now >= state.deadline)
-                    or (bool(state.on) and all(index.live(o) is None for o in state.on))
-                    or (not state.on and state.deadline is None)
-                )
-                if not ready:
-                    continue
+            elif task.state.status == "waiting" and not resumable(task, index, self.harness.now()):
+                continue
             blocked = self.blocked(task)
             if blocked is not None:
                 continue

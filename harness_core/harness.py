@@ -514,6 +514,7 @@ class Harness:
                 on=list(transition.on),
                 policy=transition.policy,
                 deadline=transition.deadline,
+                woken=task.state.woken,  # a wake that arrived before this wait
             )
             return task.model_copy(update={"state": state, "restarts": 0})
         outcome = outcome_of(transition)
@@ -551,10 +552,11 @@ class Harness:
         return min(deadlines) if deadlines else None
 
     async def wake_task(self, tx: Tx, task_id: int) -> bool:
-        """Inside a commit: let a waiting task resume at the next scheduling pass (an event it waits for
-        happened, e.g. an approval decision)."""
+        """Inside a commit: an event the task waits for happened (e.g. an approval decision). A waiting task
+        resumes at the next scheduling pass; a task that has not started waiting yet keeps the wake, and its
+        next `Wait` resumes at once, so a wake that races ahead of the wait is never lost."""
         task = await tx.task(task_id)
-        if task is None or task.state.status != "waiting":
+        if task is None or task.state.status in ("terminal", "completing"):
             return False
         tx.put_task(task.model_copy(update={"state": task.state.model_copy(update={"woken": True})}))
         return True

@@ -118,7 +118,9 @@ class TaskState(_Record):
     on: list[int] = Field(default_factory=list)  # waiting: tasks awaited
     policy: WaitPolicy = "all_settled"
     deadline: int | None = None  # waiting: resume at this time (ms) even if `on` is not settled
-    woken: bool = False  # waiting: resume at the next scheduling pass (an external event arrived)
+    woken: bool = (
+        False  # an external event arrived: a waiting task resumes; a running one resumes its next wait
+    )
     outcome: Outcome | None = None  # completing / terminal
 
     @property

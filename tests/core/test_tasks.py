@@ -466,3 +466,47 @@ async def test_task_migration_at_reservation(tmp_path: Path) -> None:
         "cp": {"phase": "go", "n": 2},
     }
     await harness.close()
+
+
+async def test_a_wake_that_races_ahead_of_the_wait_is_kept() -> None:
+    """An event (e.g. an approval click) committed while the task is still running, before it starts its
+    durable wait: the wait must resume at once instead of sleeping until its deadline."""
+    harness = await open_with_tasks()
+    root = await harness.root()
+    ready = asyncio.Event()
+    woke = asyncio.Event()
+
+    async def prepare(task: Task, runtime: TaskRuntime) -> None:
+        ready.set()
+        await woke.wait()  # the wake is committed now, while we are still running
+        far = runtime.now() + 3_600_000
+        await runtime.commit(lambda _tx, _t: Wait(checkpoint={"phase": "after"}, deadline=far))
+
+    async def after(task: Task, runtime: TaskRuntime) -> None:
+        await runtime.commit(lambda _tx, _t: Complete("resumed"))
+
+    harness.registry.install(
+        Extension("race", tasks=[define_task("test.race", phases={"prepare": prepare, "after": after})])
+    )
+
+    async def create(tx: Tx) -> int:
+        return (await harness.create_task_in(tx, "test.race", conversation_id=root.id)).id
+
+    task_id = await harness.commit(create)
+    harness.resume()
+    await ready.wait()
+    assert await harness.commit(lambda tx: harness.wake_task(tx, task_id))
+    woke.set()
+    done = await asyncio.wait_for(harness.wait_for_task(task_id), 5)
+    assert done.state.outcome is not None and done.state.outcome.result == "resumed"
+    await harness.close()
+
+
+async def test_a_wake_does_not_cut_short_a_wait_on_tasks() -> None:
+    harness = await open_with_tasks()
+    task_id = await start(harness, "test.parent", {"children": ["slow"]})
+    await task_reaches(harness, task_id, "waiting")
+    assert await harness.commit(lambda tx: harness.wake_task(tx, task_id))
+    await asyncio.sleep(0.05)
+    assert (await harness.get_task(task_id)).state.status == "waiting"  # type: ignore[union-attr]
+    await harness.close()

@@ -105,8 +105,13 @@ async def test_a_post_resent_after_a_dropped_connection_is_stored_and_answered_o
 
 
 async def test_a_click_by_a_non_approver_is_refused_privately_and_the_approver_runs_the_deploy_once(
-    rig: Rig,
+    rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
+    # alice is an approver too, so her click on her own request is refused as self-approval.
+    rig = await rig_factory(approvers=["boss", "alice"])
+    await rig.bridge.start()
+    await rig.start_adapter()
+    rig.harness.resume()
     alice, _ = await rig.hello()
     carol, _ = await rig.hello()
     boss, _ = await rig.hello()
