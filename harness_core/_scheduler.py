@@ -122,9 +122,9 @@ class Scheduler:
             status = task.state.status
             if status == "running":
                 self.start(task)
-            elif status == "pending":
-                candidates.append(task.id)
-            elif status == "waiting" and (resumable(task, index, now) or task.abort_requested):
+            elif status == "pending" or (
+                status == "waiting" and (resumable(task, index, now) or task.abort_requested)
+            ):
                 candidates.append(task.id)
         if candidates:
             reserved = await harness.session.commit(lambda tx: self._reserve(tx, candidates))
