@@ -207,11 +207,9 @@ class SlackTransport:
         return True, str(requester) if requester else None
 
     async def _start_stream(self, target: Place, start: str, recipient: str | None) -> str | None:
-        arguments: dict[str, Any] = {
-            "channel": target.channel,
-            "thread_ts": target.thread,
-            "markdown_text": start,
-        }
+        arguments: dict[str, Any] = {"channel": target.channel, "thread_ts": target.thread}
+        if start:
+            arguments["markdown_text"] = start  # else an empty stream, shown as loading until text comes
         if recipient:
             arguments["recipient_team_id"] = target.workspace
             arguments["recipient_user_id"] = recipient
@@ -280,7 +278,7 @@ class SlackTransport:
             await call(method, request, self.governor)
         except RetryLater:
             raise  # not applied: the bridge retries with the newest text
-        except SlackCallError as exc:
+        except (SlackCallError, SlackPermanentError) as exc:
             log.info("%s on %s refused (%s); continuing with chat.update", method, ts, exc)
             return False
         except TransportError:

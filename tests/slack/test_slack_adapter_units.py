@@ -209,6 +209,13 @@ async def test_a_stream_that_expires_or_is_refused_falls_back_to_updates(
         "chat.update",
     ]
 
+    placeholder = await transport.create(thread, "…", "reply:1#2")  # before the model's first token
+    start = fake.calls[-1]
+    assert (start.method, "markdown_text" in start.args) == ("chat.startStream", False)
+    assert start.args["recipient_user_id"] == "UALICE" and start.args["recipient_team_id"] == fake.team_id
+    await transport.edit(thread, placeholder, "Twice …", "reply:1#2", final=False)
+    assert fake.message(general, placeholder).text == "Twice"
+
     fake.fail("chat.startStream", "feature_not_enabled")
     other = await transport.create(thread, "Another …", "reply:1#1")
     assert fake.message(general, other).event_payload == {"key": "reply:1#1"}  # posted instead
