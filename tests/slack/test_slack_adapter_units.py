@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.base import Adapter
 from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, RetryLater
 from adapters.bridge.text import render_partial
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
@@ -39,6 +40,7 @@ ENV = {
 def test_options_are_validated_and_errors_name_the_key() -> None:
     adapter = create({"mode": "http", "port": 0, "edit_interval": 1.2}, ENV)
     assert adapter.options.mode == "http" and adapter.options.edit_interval == 1.2
+    assert isinstance(adapter, Adapter) and adapter.name == "slack"
     with pytest.raises(SlackConfigError, match=r"adapters\.slack\.prot"):
         create({"prot": 3000}, ENV)
     with pytest.raises(SlackConfigError, match=r"adapters\.slack\.port"):
