@@ -41,11 +41,13 @@ class ReplyWorker:
         self.changed = asyncio.Event()
         self.changed.set()
         self.fresh: set[str] = set()  # part keys whose intent this process wrote (nothing posted yet)
+        self.busy = False  # inside a step: a post or edit may be under way
 
     async def run(self) -> None:
-        while True:
+        while not self.bridge.delivery.stopping:
             await self.changed.wait()
             self.changed.clear()
+            self.busy = True
             try:
                 if await self.step():
                     return
@@ -56,6 +58,8 @@ class ReplyWorker:
                 log.warning("reply %s: platform error, retrying: %s", self.key, exc)
                 await asyncio.sleep(1.0)
                 self.changed.set()
+            finally:
+                self.busy = False
 
     async def step(self) -> bool:
         """Show the current state; True when the reply is final and retired."""
@@ -231,8 +235,17 @@ class Delivery:
             if current is not None and current[0] is worker:
                 del self.workers[worker.key]
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop delivering. A worker in the middle of a step (a post and its record) gets up to `grace`
+        seconds to finish it, so a graceful shutdown does not leave half-recorded work; idle workers are
+        cancelled at once. Anything unfinished is picked up by the next start."""
         self.stopping = True
+        busy = [task for worker, task in self.workers.values() if worker.busy]
+        for worker, task in list(self.workers.values()):
+            if not worker.busy:
+                task.cancel()
+        if busy:
+            await asyncio.wait(busy, timeout=grace)
         tasks = [task for _, task in self.workers.values()]
         for task in tasks:
             task.cancel()

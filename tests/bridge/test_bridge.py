@@ -360,3 +360,28 @@ async def test_requester_who_is_an_approver_cannot_approve_their_own_request(wor
     assert (await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", approve=True)).accepted
     await world.settle()
     assert runs == ["api"]
+
+
+async def test_graceful_stop_lets_a_post_in_flight_record_its_id(world_factory: Any) -> None:
+    world = await world_factory()
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    original = world.platform.create
+
+    async def slow_create(target: Place, text: str, key: str) -> str:
+        entered.set()
+        await release.wait()
+        return await original(target, text, key)
+
+    world.platform.create = slow_create  # type: ignore[method-assign]
+    result = await world.say("100.1", "hello")
+    await asyncio.wait_for(entered.wait(), 5)
+    stopping = asyncio.ensure_future(world.bridge.stop())
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.wait_for(stopping, 5)
+    reply = await world.harness.snapshot(ReplyDoc, key=str(result.submission_id))
+    posted = world.platform.in_place(CHANNEL)
+    assert len(posted) == 1
+    # The post that was under way got recorded (or the reply finished), so a restart edits it, never reposts.
+    assert reply is None or reply["parts"][0]["message_id"] == posted[0].id
