@@ -3,6 +3,7 @@ approval gates and scheduling, shared by the Slack, Discord and devchat adapters
 
 from adapters.bridge.approvals import ApprovalPolicy, Decision
 from adapters.bridge.bridge import Bridge
+from adapters.bridge.delivery import is_reply_key
 from adapters.bridge.docs import ApprovalDoc, MessageDoc, PlaceDoc, PlaceOfDoc, ReplyDoc
 from adapters.bridge.governor import RateGovernor
 from adapters.bridge.intake import IntakeResult
@@ -40,5 +41,6 @@ __all__ = [
     "RetryLater",
     "Transport",
     "TransportError",
+    "is_reply_key",
     "split_text",
 ]

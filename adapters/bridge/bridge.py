@@ -98,6 +98,16 @@ class Bridge:
             gate_id, user_id=user_id, user_name=user_name, approve=approve, user_groups=user_groups
         )
 
+    async def recorded_message_ids(self) -> set[str]:
+        """Platform message ids already recorded for answers still being delivered (reconciliation: a message
+        found without a key is not someone else's)."""
+        recorded: set[str] = set()
+        for reply in (await self.harness.family(ReplyDoc)).values():
+            for part in reply.get("parts") or []:
+                if part.get("message_id"):
+                    recorded.add(str(part["message_id"]))
+        return recorded
+
     async def known_places(self, platform: str) -> list[Place]:
         places = await self.harness.family(PlaceDoc)
         return [

@@ -26,6 +26,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("adapters.bridge")
 
 
+REPLY_KEY_PREFIX = "reply:"
+
+
+def is_reply_key(key: str) -> bool:
+    """Whether a delivery key names a part of an answer (as opposed to an approval request message)."""
+    return key.startswith(REPLY_KEY_PREFIX)
+
+
 def answer_text(message: Any) -> str:
     if isinstance(message, AssistantMessage):
         return message.text() or "(no text)"
@@ -117,7 +125,7 @@ class ReplyWorker:
         ids: list[str] = []
         for index, text in enumerate(texts):
             if index >= len(parts):
-                part_key = f"reply:{self.key}#{index}"
+                part_key = f"{REPLY_KEY_PREFIX}{self.key}#{index}"
                 await self.record_part(index, {"key": part_key, "message_id": None})
                 self.fresh.add(part_key)
                 parts.append({"key": part_key, "message_id": None})
@@ -131,7 +139,9 @@ class ReplyWorker:
                 await self.bridge.governor(target.platform).acquire(f"post:{target.channel}", interval=0.0)
                 # From here the platform may hold the message even if we never hear back: reconcile first.
                 self.fresh.discard(part["key"])
-                message_id = await transport.create(target, text, part["key"])
+                message_id = await transport.create(
+                    target, text, part["key"], final=final, requester=self.requester(reply)
+                )
                 self.bridge.shown[message_id] = text
                 await self.record_part(index, {**part, "message_id": message_id})
             elif self.bridge.shown.get(message_id) != text:
@@ -145,11 +155,18 @@ class ReplyWorker:
                     # Continue in a new message; the old one keeps what it showed.
                     new_key = f"{part['key']}+"
                     await self.record_part(index, {"key": new_key, "message_id": None})
-                    message_id = await transport.create(target, text, new_key)
+                    message_id = await transport.create(
+                        target, text, new_key, final=final, requester=self.requester(reply)
+                    )
                     await self.record_part(index, {"key": new_key, "message_id": message_id})
                 self.bridge.shown[message_id] = text
             ids.append(message_id)
         return ids
+
+    @staticmethod
+    def requester(reply: dict[str, Any]) -> str | None:
+        user_id = (reply.get("requester") or {}).get("user_id")
+        return None if user_id is None else str(user_id)
 
     async def record_part(self, index: int, part: dict[str, Any]) -> None:
         async def commit(tx: Tx) -> None:

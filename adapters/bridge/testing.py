@@ -39,6 +39,7 @@ class MemoryTransport:
         self.edit_interval = edit_interval
         self.messages: list[PostedMessage] = []
         self.calls: list[tuple[str, str]] = []
+        self.creates: list[dict[str, Any]] = []  # what `create` was told: key, final, requester
         self.human: dict[str, list[IncomingMessage]] = {}  # place key -> history for catch-up
         self.failures: dict[str, list[Exception]] = {}
         self.lose_next_create = False
@@ -59,8 +60,11 @@ class MemoryTransport:
     def by_id(self, message_id: str) -> PostedMessage:
         return next(m for m in self.messages if m.id == message_id)
 
-    async def create(self, target: Place, text: str, key: str) -> str:
+    async def create(
+        self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
+    ) -> str:
         self.calls.append(("create", key))
+        self.creates.append({"key": key, "final": final, "requester": requester})
         self._maybe_fail("create")
         message = PostedMessage(id=str(next(self._ids)), target=target, text=text, key=key)
         self.messages.append(message)

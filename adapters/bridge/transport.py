@@ -30,9 +30,15 @@ class Transport(Protocol):
     max_chars: int  # longest message text the platform accepts
     edit_interval: float  # seconds between edits of one streaming message
 
-    async def create(self, target: Place, text: str, key: str) -> str:
+    async def create(
+        self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
+    ) -> str:
         """Post a message into `target` (a channel, or a thread when `target.thread` is set) carrying `key`
-        where `find` can see it (message metadata, a nonce). Returns the platform message id."""
+        where `find` can see it (message metadata, a nonce). Returns the platform message id.
+
+        `final` says the text is the finished answer (no edits will follow unless it must be repaired);
+        otherwise it is the start of a streaming reply. `requester` is the platform user id of whoever asked
+        (some platforms need it to stream), or None."""
         ...
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:

@@ -4,7 +4,6 @@ feeds posts the bot has not seen yet through the bridge's exactly-once intake, t
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,9 +14,6 @@ from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import DevchatTransport
 
 log = logging.getLogger("adapters.devchat")
-
-# The bridge keys the parts of an answer "reply:<submission id>#<part>[+]" (adapters/bridge/delivery.py).
-REPLY_KEY = re.compile(r"^reply:(\d+)#")
 
 
 class DevchatAdapter:
@@ -49,7 +45,6 @@ class DevchatAdapter:
                 bot_name=self.options.bot_name,
                 max_chars=self.options.max_chars,
                 edit_interval=self.options.edit_interval,
-                is_final=self._answer_finished,
             )
             bridge.attach(transport)
             caught = await bridge.catch_up(transport, await self._places(store, transport, bridge))
@@ -79,13 +74,6 @@ class DevchatAdapter:
             p for p in await bridge.known_places(transport.platform) if p.workspace == self.options.workspace
         )
         return sorted(places, key=lambda p: (p.channel, p.thread is not None, int(p.thread or 0)))
-
-    async def _answer_finished(self, key: str) -> bool:
-        match = REPLY_KEY.match(key)
-        if match is None or self.bridge is None:
-            return True
-        handle = await self.bridge.harness.submission(int(match.group(1)))
-        return handle is None or handle.record.status in ("done", "unanswered")
 
 
 def create(options: Mapping[str, Any], env: Mapping[str, str]) -> DevchatAdapter:

@@ -5,7 +5,6 @@ the message already there); every change is broadcast to the open pages by the s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adapters.bridge import GateView, IncomingMessage, MessageGone, Place, TransportError
@@ -64,12 +63,8 @@ class DevchatTransport:
         bot_name: str,
         max_chars: int,
         edit_interval: float,
-        is_final: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
-        # `create` does not say whether its text is the final render; devchat shows streaming messages
-        # differently, so it asks (by the message key) whether the answer is already finished.
-        self.is_final = is_final
         self.workspace = workspace
         self.bot_name = bot_name
         self.max_chars = max_chars
@@ -84,9 +79,10 @@ class DevchatTransport:
         if target.platform != PLATFORM or target.workspace != self.workspace:
             raise TransportError(f"{target.key} is not a place of this devchat")
 
-    async def create(self, target: Place, text: str, key: str) -> str:
+    async def create(
+        self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
+    ) -> str:
         self._check(target)
-        final = True if self.is_final is None else await self.is_final(key)
         message, created = await self.store.add_bot(
             target.channel,
             thread_id(target),

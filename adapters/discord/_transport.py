@@ -142,7 +142,9 @@ class DiscordTransport:
 
     # --- Transport ----------------------------------------------------------------------------------------
 
-    async def create(self, target: Place, text: str, key: str) -> str:
+    async def create(
+        self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
+    ) -> str:
         message: discord.Message | None = None
         for attempt in range(2):
             try:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -47,9 +46,9 @@ from adapters.bridge import (
     MessageGone,
     Place,
     RateGovernor,
-    ReplyDoc,
     RetryLater,
     TransportError,
+    is_reply_key,
 )
 from adapters.slack._api import SlackCallError, SlackPermanentError, call
 from adapters.slack.blocks import approval_blocks, fallback_text
@@ -65,7 +64,6 @@ log = logging.getLogger("adapters.slack")
 REPLY_EVENT = "durable_bots_reply"
 TYPING = " …"
 PLACEHOLDER = "…"
-_REPLY_KEY = re.compile(r"^reply:(\d+)#\d+$")
 _PAGE = 200
 _CREATED_MEMORY = 10_000
 
@@ -163,16 +161,18 @@ class SlackTransport:
 
     # --- posting ----------------------------------------------------------------------------------------------
 
-    async def create(self, target: Place, text: str, key: str) -> str:
+    async def create(
+        self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
+    ) -> str:
         self._check_open()
-        if self.options.stream and not self._stream_refused and target.thread is not None:
+        # Only a reply the model is still writing streams (a final text is one chat.postMessage). Streaming
+        # into a channel (not a DM) needs the recipient: the asker.
+        if self.options.stream and not self._stream_refused and target.thread is not None and not final:
             start = streamable(text)
-            if start is not None:
-                stream, recipient = await self._stream_recipient(target, key)
-                if stream:
-                    ts = await self._start_stream(target, start, recipient)
-                    if ts is not None:
-                        return ts
+            if start is not None and (requester or await self.directory.is_dm(target.channel)):
+                ts = await self._start_stream(target, start, requester)
+                if ts is not None:
+                    return ts
         data = await call(
             "chat.postMessage",
             self.client.chat_postMessage(
@@ -189,22 +189,6 @@ class SlackTransport:
         self._mine(ts)
         self._plain.add(ts)
         return ts
-
-    async def _stream_recipient(self, target: Place, key: str) -> tuple[bool, str | None]:
-        """Whether this part should stream: only a reply the model is still writing does. Also returns the
-        recipient (the asker), which Slack requires when streaming into a channel (not a DM)."""
-        found = _REPLY_KEY.match(key)
-        if found is None or self.bridge is None:
-            return False, None
-        harness = self.bridge.harness
-        handle = await harness.submission(int(found.group(1)))
-        if handle is None or handle.record.status in ("done", "unanswered"):
-            return False, None  # final already: one chat.postMessage beats start + stop
-        reply = await harness.snapshot(ReplyDoc, key=found.group(1)) or {}
-        requester = (reply.get("requester") or {}).get("user_id")
-        if not requester and not await self.directory.is_dm(target.channel):
-            return False, None
-        return True, str(requester) if requester else None
 
     async def _start_stream(self, target: Place, start: str, recipient: str | None) -> str | None:
         arguments: dict[str, Any] = {"channel": target.channel, "thread_ts": target.thread}
@@ -326,7 +310,7 @@ class SlackTransport:
                 if ts not in self._streams:
                     self._plain.add(ts)
                 return ts
-        if target.thread is None or _REPLY_KEY.match(key) is None:
+        if target.thread is None or not is_reply_key(key):
             return None  # only thread replies stream, and only streams start without their key
         return await self._adopt_orphan(target, key)
 
@@ -373,15 +357,7 @@ class SlackTransport:
             return ts
 
     async def _recorded_ids(self) -> set[str]:
-        """Message ids the bridge has recorded for replies still being delivered."""
-        if self.bridge is None:
-            return set()
-        recorded: set[str] = set()
-        for reply in (await self.bridge.harness.family(ReplyDoc)).values():
-            for part in reply.get("parts") or []:
-                if part.get("message_id"):
-                    recorded.add(str(part["message_id"]))
-        return recorded
+        return set() if self.bridge is None else await self.bridge.recorded_message_ids()
 
     async def _recent(self, target: Place, limit: int, oldest: str | None = None) -> list[dict[str, Any]]:
         """Messages of a channel (top level, newest first) or of a thread (replies, oldest first, without the

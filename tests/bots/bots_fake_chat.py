@@ -60,8 +60,8 @@ class JournalTransport(MemoryTransport):
                 handle.flush()
                 os.fsync(handle.fileno())
 
-    async def create(self, target: Place, text: str, key: str) -> str:
-        message_id = await super().create(target, text, key)
+    async def create(self, target: Place, text: str, key: str, **context: Any) -> str:
+        message_id = await super().create(target, text, key, **context)
         self.note(op="create", id=message_id, key=key, text=text, target=target.to_json())
         return message_id
 

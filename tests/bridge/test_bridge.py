@@ -368,10 +368,10 @@ async def test_graceful_stop_lets_a_post_in_flight_record_its_id(world_factory: 
     release = asyncio.Event()
     original = world.platform.create
 
-    async def slow_create(target: Place, text: str, key: str) -> str:
+    async def slow_create(target: Place, text: str, key: str, **context: Any) -> str:
         entered.set()
         await release.wait()
-        return await original(target, text, key)
+        return await original(target, text, key, **context)
 
     world.platform.create = slow_create  # type: ignore[method-assign]
     result = await world.say("100.1", "hello")
@@ -385,3 +385,25 @@ async def test_graceful_stop_lets_a_post_in_flight_record_its_id(world_factory: 
     assert len(posted) == 1
     # The post that was under way got recorded (or the reply finished), so a restart edits it, never reposts.
     assert reply is None or reply["parts"][0]["message_id"] == posted[0].id
+
+
+async def test_create_is_told_whether_the_text_is_final_and_who_asked(world_factory: Any) -> None:
+    world = await world_factory()
+    world.faux.chunk_size = 4
+    world.faux.delay_ms = 5
+    await world.say("100.1", "stream please", user="UALICE")
+    await world.settle()
+    assert world.platform.creates[0]["final"] is False  # the first partial starts a streaming reply
+    assert world.platform.creates[0]["requester"] == "UALICE"
+    await world.bridge.stop()
+    world.platform.creates.clear()
+    result = await world.say("100.2", "answer while delivery is down", user="UBOB", name="bob")
+    await world.harness.wait_for_idle()
+    restarted = Bridge(world.harness, agent=MODEL)
+    restarted.attach(world.platform)
+    await restarted.start()
+    await restarted.delivery.idle()
+    await restarted.stop()
+    assert world.platform.creates == [
+        {"key": f"reply:{result.submission_id}#0", "final": True, "requester": "UBOB"}
+    ]

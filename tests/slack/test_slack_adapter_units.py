@@ -132,7 +132,7 @@ async def test_posts_carry_their_key_and_are_found_by_it(fake: FakeSlack, client
     channel = Place("slack", fake.team_id, general.id)
     thread = channel.in_thread(parent.ts)
     top = await transport.create(channel, "top", "reply:1#0")
-    inside = await transport.create(thread, "inside", "reply:2#0")  # not a reply the bridge knows: no stream
+    inside = await transport.create(thread, "inside", "reply:2#0")  # nobody to stream to in a channel: posted
     fake.seed_message(
         general, "someone else's", user=alice, metadata={"event_type": "x", "event_payload": {}}
     )
@@ -193,7 +193,7 @@ async def test_a_stream_that_expires_or_is_refused_falls_back_to_updates(
     transport = transport_for(fake, client)
     transport.bridge = _Requests()  # type: ignore[assignment]
     thread = Place("slack", fake.team_id, general.id, parent.ts)
-    ts = await transport.create(thread, "Once upon …", "reply:1#0")
+    ts = await transport.create(thread, "Once upon …", "reply:1#0", requester="UALICE")
     await transport.edit(thread, ts, "Once upon a time …", "reply:1#0", final=False)
     assert fake.message(general, ts).text == "Once upon a time" and fake.message(general, ts).streaming
     fake.expire_stream(general, ts)
@@ -211,7 +211,9 @@ async def test_a_stream_that_expires_or_is_refused_falls_back_to_updates(
         "chat.update",
     ]
 
-    placeholder = await transport.create(thread, "…", "reply:1#2")  # before the model's first token
+    placeholder = await transport.create(
+        thread, "…", "reply:1#2", requester="UALICE"
+    )  # before the first token
     start = fake.calls[-1]
     assert (start.method, "markdown_text" in start.args) == ("chat.startStream", False)
     assert start.args["recipient_user_id"] == "UALICE" and start.args["recipient_team_id"] == fake.team_id
@@ -219,9 +221,9 @@ async def test_a_stream_that_expires_or_is_refused_falls_back_to_updates(
     assert fake.message(general, placeholder).text == "Twice"
 
     fake.fail("chat.startStream", "feature_not_enabled")
-    other = await transport.create(thread, "Another …", "reply:1#1")
+    other = await transport.create(thread, "Another …", "reply:1#1", requester="UALICE")
     assert fake.message(general, other).event_payload == {"key": "reply:1#1"}  # posted instead
-    assert fake.calls[-1].method == "chat.postMessage"
+    assert [c.method for c in fake.calls[-2:]] == ["chat.startStream", "chat.postMessage"]
 
 
 async def test_display_names_are_looked_up_once_and_a_failure_does_not_block(
