@@ -121,6 +121,12 @@ class _Plan:
         ]
 
 
+def _json(record: BaseModel) -> str:
+    # Fields left at None are omitted (every optional record field defaults to None, so reading restores
+    # them): about 15% fewer bytes per turn. Nulls inside JSON values (data, inputs, documents) are kept.
+    return record.model_dump_json(exclude_none=True)
+
+
 def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
     plan = _Plan(next_id=next_id)
     parts: dict[tuple[int, int], int] = {}  # revisions so far per (document, seq)
@@ -131,13 +137,13 @@ def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
 
     for batch in batches:
         for conv in batch.conversations:
-            plan.conversations.append((conv.id, conv.owner_task_id, conv.model_dump_json()))
+            plan.conversations.append((conv.id, conv.owner_task_id, _json(conv)))
         for e in batch.entries:
-            plan.entries.append((e.id, e.conversation_id, e.head, e.model_dump_json()))
+            plan.entries.append((e.id, e.conversation_id, e.head, _json(e)))
         for t in batch.tasks:
-            plan.tasks.append((t.id, t.conversation_id, t.kind, int(t.live), t.model_dump_json()))
+            plan.tasks.append((t.id, t.conversation_id, t.kind, int(t.live), _json(t)))
         for s in batch.submissions:
-            plan.submissions.append((s.id, s.conversation_id, s.request_id, s.status, s.model_dump_json()))
+            plan.submissions.append((s.id, s.conversation_id, s.request_id, s.status, _json(s)))
         for create in batch.doc_creates:
             r = create.record
             rewindable = int(r.scope == "conversation" and r.history == "rewindable")
@@ -151,15 +157,15 @@ def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
                     rewindable,
                     r.created_seq,
                     r.retired_seq,
-                    r.model_dump_json(),
+                    _json(r),
                 )
             )
             content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
-            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), 1, content.model_dump_json()))
+            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), 1, _json(content)))
         for change in batch.doc_changes:
             rev = change.content
             n = part(change.id, rev.seq)
-            plan.contents.append((change.id, rev.seq, n, int(rev.is_base), rev.model_dump_json()))
+            plan.contents.append((change.id, rev.seq, n, int(rev.is_base), _json(rev)))
             if rev.is_base:
                 plan.bases.append((change.id, rev.seq, n))
         for doc_id in batch.doc_retires:
