@@ -104,16 +104,54 @@ class Published:
         # needs a live owner, so a task created after open starts with [] and adopt() sees all it will own;
         # a task loaded at open is filled by its first scan. Entries leave with their task.
         self.owned: dict[int, list[int]] = {}
+        # Indexes over the live tasks, kept current by adopt(), so a commit never rebuilds them: by owner task,
+        # by conversation, by status, and the reverse of waits (task -> tasks waiting on it).
+        self.by_owner: dict[int, set[int]] = {}
+        self.by_conversation: dict[int, set[int]] = {}
+        self.by_status: dict[str, set[int]] = {}
+        self.waiters: dict[int, set[int]] = {}
+        # Task-scoped documents of tasks created by this process (complete; tasks loaded at open are absent).
+        self.task_docs: dict[int, set[DocAddress]] = {}
+
+    def load_tasks(self, tasks: dict[int, Task]) -> None:
+        """The live tasks found at open."""
+        for task in tasks.values():
+            self._index(task)
+        self.live_tasks = dict(tasks)
+
+    def _index(self, task: Task) -> None:
+        if task.owner_task_id is not None:
+            self.by_owner.setdefault(task.owner_task_id, set()).add(task.id)
+        self.by_conversation.setdefault(task.conversation_id, set()).add(task.id)
+        self.by_status.setdefault(task.state.status, set()).add(task.id)
+        if task.state.status == "waiting":
+            for other in task.state.on:
+                self.waiters.setdefault(other, set()).add(task.id)
+
+    def _unindex(self, task: Task) -> None:
+        if task.owner_task_id is not None:
+            _discard(self.by_owner, task.owner_task_id, task.id)
+        _discard(self.by_conversation, task.conversation_id, task.id)
+        _discard(self.by_status, task.state.status, task.id)
+        if task.state.status == "waiting":
+            for other in task.state.on:
+                _discard(self.waiters, other, task.id)
 
     def adopt(self, layer: Layer) -> None:
         for task in layer.tasks.values():  # tasks first: a conversation may be owned by a task of this layer
+            previous = self.live_tasks.get(task.id)
+            if previous is not None:
+                self._unindex(previous)
             if task.live:
-                if task.id not in self.live_tasks:
+                if previous is None:
                     self.owned.setdefault(task.id, [])
+                    self.task_docs.setdefault(task.id, set())
                 self.live_tasks[task.id] = task
+                self._index(task)
             else:
                 self.live_tasks.pop(task.id, None)
                 self.owned.pop(task.id, None)
+                self.task_docs.pop(task.id, None)
         for conversation in layer.conversations.values():
             self.conversations.put(conversation.id, conversation)
             owner = conversation.owner_task_id
@@ -122,3 +160,18 @@ class Published:
                 owned.append(conversation.id)
         for address, state in layer.docs.items():
             self.docs.put(address, state)
+            if address[1] == "task" and address[2] is not None:
+                known = self.task_docs.get(address[2])
+                if known is not None:
+                    if state is None:
+                        known.discard(address)
+                    else:
+                        known.add(address)
+
+
+def _discard(mapping: dict[Any, set[int]], key: Any, task_id: int) -> None:
+    ids = mapping.get(key)
+    if ids is not None:
+        ids.discard(task_id)
+        if not ids:
+            del mapping[key]

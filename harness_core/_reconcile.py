@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from harness_core._layers import Layer, Published
 
 from harness_core.records import Conversation, Outcome, Task, TaskState
 
@@ -23,68 +25,76 @@ if TYPE_CHECKING:
     from harness_core.harness import Harness
 
 
-@dataclass
-class LiveIndex:
-    tasks: dict[int, Task]
-    by_owner: dict[int, list[int]] = field(default_factory=dict)
-    by_conversation: dict[int, list[int]] = field(default_factory=dict)
+class LiveView:
+    """The live tasks as one commit sees them: the published indexes overlaid with the group's and the
+    commit's own task writes. Cheap to build; reads the layers as they change."""
 
-    @classmethod
-    def build(cls, tasks: dict[int, Task]) -> LiveIndex:
-        index = cls(tasks=tasks)
-        for task in tasks.values():
-            index.add(task)
-        return index
-
-    def add(self, task: Task) -> None:
-        if task.owner_task_id is not None:
-            self.by_owner.setdefault(task.owner_task_id, []).append(task.id)
-        self.by_conversation.setdefault(task.conversation_id, []).append(task.id)
-
-    def update(self, task: Task) -> None:
-        known = self.tasks.get(task.id)
-        if task.live:
-            self.tasks[task.id] = task
-            if known is None:
-                self.add(task)
-        elif known is not None:
-            del self.tasks[task.id]
+    def __init__(self, published: Published, layers: tuple[Layer, ...] = ()) -> None:
+        self.published = published
+        self.layers = layers  # most recent first
 
     def live(self, task_id: int) -> Task | None:
-        return self.tasks.get(task_id)
+        for layer in self.layers:
+            found = layer.tasks.get(task_id)
+            if found is not None:
+                return found if found.live else None
+        return self.published.live_tasks.get(task_id)
+
+    def _ids(self, indexed: set[int] | None, matches: Callable[[Task], bool]) -> list[Task]:
+        ids = set(indexed or ())
+        for layer in self.layers:
+            ids.update(t.id for t in layer.tasks.values() if matches(t))
+        found = [self.live(i) for i in ids]
+        return sorted((t for t in found if t is not None and matches(t)), key=lambda t: t.id)
+
+    def children(self, owner_id: int) -> list[Task]:
+        return self._ids(self.published.by_owner.get(owner_id), lambda t: t.owner_task_id == owner_id)
+
+    def in_conversation(self, conversation_id: int) -> list[Task]:
+        return self._ids(
+            self.published.by_conversation.get(conversation_id),
+            lambda t: t.conversation_id == conversation_id,
+        )
+
+    def waiters_of(self, task_id: int) -> list[Task]:
+        return self._ids(
+            self.published.waiters.get(task_id),
+            lambda t: t.state.status == "waiting" and task_id in t.state.on,
+        )
 
     def root_is_background(self, task: Task) -> bool:
         current: Task | None = task
         while current is not None and current.owner_task_id is not None:
-            current = self.tasks.get(current.owner_task_id)
+            current = self.live(current.owner_task_id)
         return current is not None and current.background
 
     def ordinary_in_conversation(self, conversation_id: int) -> list[Task]:
-        out = []
-        for task_id in self.by_conversation.get(conversation_id, []):
-            task = self.tasks.get(task_id)
-            if task is not None and not self.root_is_background(task):
-                out.append(task)
-        return out
+        return [t for t in self.in_conversation(conversation_id) if not self.root_is_background(t)]
+
+    def all(self) -> dict[int, Task]:
+        merged = dict(self.published.live_tasks)
+        for layer in reversed(self.layers):
+            for task in layer.tasks.values():
+                if task.live:
+                    merged[task.id] = task
+                else:
+                    merged.pop(task.id, None)
+        return merged
 
 
 async def owned_conversations(tx: Tx, task_id: int) -> list[Conversation]:
     return await tx.conversations_owned_by(task_id)
 
 
-async def ordinary_owned_work(tx: Tx, index: LiveIndex, task: Task) -> list[Task]:
+async def ordinary_owned_work(tx: Tx, index: LiveView, task: Task) -> list[Task]:
     """Live non-background tasks below `task`: its children and the tasks of conversations it owns."""
-    found: list[Task] = []
-    for child_id in index.by_owner.get(task.id, []):
-        child = index.live(child_id)
-        if child is not None and not child.background:
-            found.append(child)
+    found: list[Task] = [child for child in index.children(task.id) if not child.background]
     for conversation in await owned_conversations(tx, task.id):
         found.extend(index.ordinary_in_conversation(conversation.id))
     return found
 
 
-def resumable(task: Task, index: LiveIndex, now: int) -> bool:
+def resumable(task: Task, index: LiveView, now: int) -> bool:
     """A waiting task may resume: its deadline passed, every task it waits on is terminal, or (for a wait on
     no tasks) it was woken or has no deadline. A wake never cuts short a wait on tasks."""
     state = task.state
@@ -101,18 +111,14 @@ class Reconciler:
     def __init__(self, harness: Harness, tx: Tx) -> None:
         self.harness = harness
         self.tx = tx
-        self._index: LiveIndex | None = None
+        self._index: LiveView = tx.live_view()
         self.queue: deque[int] = deque()
 
-    def index(self) -> LiveIndex:
-        if self._index is None:
-            self._index = LiveIndex.build(self.tx.live_tasks())
+    def index(self) -> LiveView:
         return self._index
 
     def put(self, task: Task) -> Task:
         self.tx.put_task(task)
-        if self._index is not None:
-            self._index.update(task)
         self.queue.append(task.id)
         return task
 
@@ -204,8 +210,6 @@ class Reconciler:
             }
         )
         self.tx.put_task(final)
-        if self._index is not None:
-            self._index.update(final)
         for record in await self.tx.scan_documents("task", task.id):
             await self.tx.retire_address((record.kind, record.scope, record.scope_id, record.key))
         if outcome.status in ("faulted", "orphaned"):
@@ -221,19 +225,16 @@ class Reconciler:
         if conversation is not None and conversation.owner_task_id is not None:
             owner_ids.append(conversation.owner_task_id)
         failed = task.state.outcome is not None and task.state.outcome.status != "completed"
-        for waiter in list(index.tasks.values()):
-            if waiter.state.status == "waiting" and task.id in waiter.state.on:
-                if failed and waiter.state.policy == "fail_fast":
-                    for other_id in waiter.state.on:
-                        other = index.live(other_id)
-                        if other is not None and not other.abort_requested:
-                            self.put(
-                                other.model_copy(
-                                    update={"abort_requested": True, "abort_reason": "fail_fast"}
-                                )
-                            )
-                if waiter.id not in owner_ids:
-                    owner_ids.append(waiter.id)
+        for waiter in index.waiters_of(task.id):
+            if failed and waiter.state.policy == "fail_fast":
+                for other_id in waiter.state.on:
+                    other = index.live(other_id)
+                    if other is not None and not other.abort_requested:
+                        self.put(
+                            other.model_copy(update={"abort_requested": True, "abort_reason": "fail_fast"})
+                        )
+            if waiter.id not in owner_ids:
+                owner_ids.append(waiter.id)
         for owner_id in owner_ids:
             owner = index.live(owner_id)
             if owner is None:

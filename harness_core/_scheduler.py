@@ -109,15 +109,17 @@ class Scheduler:
         return None
 
     async def _pass(self) -> None:
-        from harness_core._reconcile import LiveIndex, resumable
+        from harness_core._reconcile import LiveView, resumable
 
         harness = self.harness
-        live = dict(harness.session.published.live_tasks)
-        index = LiveIndex.build(dict(live))
+        published = harness.session.published
+        index = LiveView(published)
         now = harness.now()
         candidates: list[int] = []
-        for task in live.values():
-            if task.id in self.invocations or task.parked:
+        ids = set().union(*(published.by_status.get(s, set()) for s in ("pending", "running", "waiting")))
+        for task_id in sorted(ids):
+            task = published.live_tasks.get(task_id)
+            if task is None or task.id in self.invocations or task.parked:
                 continue
             status = task.state.status
             if status == "running":
@@ -134,10 +136,10 @@ class Scheduler:
         self._arm_timer()
 
     async def _reserve(self, tx: Tx, candidates: list[int]) -> list[Task]:
-        from harness_core._reconcile import LiveIndex, ordinary_owned_work, resumable
+        from harness_core._reconcile import ordinary_owned_work, resumable
 
         reserved: list[Task] = []
-        index = LiveIndex.build(tx.live_tasks())
+        index = tx.live_view()
         for task_id in candidates:
             task = await tx.task(task_id)
             if task is None or not task.live or task.parked or task.state.status in ("running", "completing"):

@@ -131,6 +131,12 @@ class Tx:
         own = [c for c in (await _gather_conversations(self, ids)) if c is not None]
         return sorted([*stored, *own], key=lambda c: c.id)
 
+    def live_view(self) -> Any:
+        """The live tasks as this commit sees them, with indexes (see `_reconcile.LiveView`)."""
+        from harness_core._reconcile import LiveView
+
+        return LiveView(self._session.published, (self.local, self._overlay))
+
     def live_tasks(self) -> dict[int, Task]:
         """Every live task as this commit sees it (durable live tasks overridden by group and own writes)."""
         merged = dict(self._session.published.live_tasks)
@@ -484,7 +490,19 @@ class Tx:
         self, scope: Any, scope_id: int | None, kind: str | None = None
     ) -> list[DocumentRecord]:
         """Alive incarnations in one scope, as this commit sees them."""
-        stored = await self._session.storage.scan_documents(scope=scope, scope_id=scope_id, kind=kind)
+        known = (
+            self._session.published.task_docs.get(scope_id)
+            if scope == "task" and scope_id is not None
+            else None
+        )
+        stored: list[DocumentRecord] = []
+        if known is not None:  # a task of this process: all its documents are known, no storage scan
+            for address in list(known):
+                state = await self._doc_state(address)
+                if state is not None and (kind is None or address[0] == kind):
+                    stored.append(state.record)
+        else:
+            stored = await self._session.storage.scan_documents(scope=scope, scope_id=scope_id, kind=kind)
         found: dict[DocAddress, DocumentRecord] = {(r.kind, r.scope, r.scope_id, r.key): r for r in stored}
         for layer in (self._overlay, self.local):
             for address, state in layer.docs.items():

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from harness_core._inbox import Input, Write, admit
 from harness_core._json import strict_copy
-from harness_core._reconcile import LiveIndex, ordinary_owned_work, reconcile
+from harness_core._reconcile import LiveView, ordinary_owned_work, reconcile
 from harness_core._scheduler import Blocked, Scheduler
 from harness_core._session import CloseInfo, Publication, Session, TaskScope
 from harness_core._tx import Tx
@@ -165,7 +165,7 @@ class Harness:
             cursor = page.cursor
             if cursor is None:
                 break
-        self.session.published.live_tasks = live
+        self.session.published.load_tasks(live)
         limit = self.settings.restart_limit
 
         def fix(tx: Tx) -> list[Task]:
@@ -543,11 +543,9 @@ class Harness:
 
     def next_deadline(self) -> int | None:
         """The earliest time (ms) a task waits for: a durable wait deadline or a running sleep."""
-        deadlines = [
-            t.state.deadline
-            for t in self.session.published.live_tasks.values()
-            if t.state.status == "waiting" and t.state.deadline is not None and not t.parked
-        ]
+        published = self.session.published
+        waiting = (published.live_tasks[i] for i in published.by_status.get("waiting", ()))
+        deadlines = [t.state.deadline for t in waiting if t.state.deadline is not None and not t.parked]
         deadlines.extend(self._sleeps.values())
         return min(deadlines) if deadlines else None
 
@@ -592,7 +590,7 @@ class Harness:
                 update={"abort_requested": True, "abort_reason": task.abort_reason or "aborted"}
             )
             blocked = self.scheduler.blocked(marked)
-            index = LiveIndex.build(tx.live_tasks())
+            index = tx.live_view()
             if (
                 blocked is not None
                 and task.id not in self.scheduler.invocations
@@ -653,13 +651,11 @@ class Harness:
         await future
 
     def _idle(self, conversation_id: int | None) -> bool:
-        index = LiveIndex.build(dict(self.session.published.live_tasks))
-        for task in index.tasks.values():
-            if index.root_is_background(task):
-                continue
-            if conversation_id is None or task.conversation_id == conversation_id:
-                return False
-        return True
+        published = self.session.published
+        index = LiveView(published)
+        if conversation_id is not None:
+            return not index.ordinary_in_conversation(conversation_id)
+        return all(index.root_is_background(task) for task in published.live_tasks.values())
 
     async def inspect(self) -> Inspection:
         """Every live task with its scheduling state, and the queued or placed submissions. Writes nothing."""
