@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness_core._layers import Layer, Published
-
 from harness_core.records import Conversation, Outcome, Task, TaskState
 
 if TYPE_CHECKING:
