@@ -265,7 +265,20 @@ class ConversationHandle:
 
 
 async def load_context(harness: Harness, conversation_id: int, cutoff: int | None = None) -> ContextView:
-    """Read the active range (newest head marker through `cutoff`) and derive the context. O(active range)."""
+    """The active range (newest head marker through `cutoff`) and the context derived from it. Served from
+    the harness's context cache when it holds the conversation (O(new entries)), read otherwise."""
+    head, entries = await harness.context_cache.get(
+        conversation_id, cutoff, lambda: read_active_range(harness, conversation_id, None)
+    )
+    if cutoff is not None and head is not None and head.id > cutoff:
+        head, entries = await read_active_range(harness, conversation_id, cutoff)  # an earlier point
+    return derive_context(head, entries)
+
+
+async def read_active_range(
+    harness: Harness, conversation_id: int, cutoff: int | None
+) -> tuple[Entry | None, list[Entry]]:
+    """Read the newest head marker at or before `cutoff` and the visible entries from its head on. O(range)."""
     handle = ConversationHandle(harness, conversation_id)
     chain = await handle.ancestry()
     storage = harness.session.storage
@@ -290,7 +303,7 @@ async def load_context(harness: Harness, conversation_id: int, cutoff: int | Non
             cursor = page.cursor
             if cursor is None:
                 break
-    return derive_context(head, entries)
+    return head, entries
 
 
 # --- watching ---------------------------------------------------------------------------------------------------

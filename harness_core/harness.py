@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
+from harness_core._context_cache import ContextCache
 from harness_core._inbox import Input, Write, admit
 from harness_core._json import strict_copy
 from harness_core._reconcile import LiveView, ordinary_owned_work, reconcile
@@ -104,6 +105,7 @@ class Harness:
         self._on_report = on_report
         self._env_factory = env
         self.scheduler = Scheduler(self)
+        self.context_cache = ContextCache()
         self._task_waiters: dict[int, list[asyncio.Future[Task]]] = {}
         self._submission_waiters: dict[int, list[asyncio.Future[Submission]]] = {}
         self._idle_waiters: list[tuple[int | None, asyncio.Future[None]]] = []
@@ -113,6 +115,7 @@ class Harness:
         session.on_report = self.report
         session.add_creation_hook(self._on_conversation_created)
         session.add_prepare_hook(lambda tx: reconcile(self, tx))
+        session.subscribe(self.context_cache.on_publication)
         session.subscribe(self._on_publication)
         self._unsubscribe_registry = registry.subscribe(self.scheduler.request_pass)
 

@@ -1,0 +1,99 @@
+"""A bounded cache of each conversation's active range (the newest head marker and the visible entries from
+its `head` on), so preparing a request costs O(new entries) instead of re-reading and re-parsing the whole
+active context every time.
+
+Entries are immutable and only ever appended, so a cached range stays right as long as new entries of the
+conversation are appended to it; a new head marker (reset, compaction) changes the range, so it drops the
+range. The cache is filled from storage; commits published while it is being read are buffered and merged by
+id, so none is missed or doubled. Cached entries are shared: callers must not mutate them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from harness_core._session import Publication
+from harness_core.records import Entry
+
+Loader = Callable[[], Awaitable[tuple[Entry | None, list[Entry]]]]
+
+
+@dataclass
+class _Range:
+    head: Entry | None
+    entries: list[Entry]
+    ids: list[int] = field(default_factory=list)
+    ready: bool = False
+    pending: list[Entry] = field(default_factory=list)  # published while the range was being read
+    stale: bool = False
+
+    def add(self, entry: Entry) -> None:
+        if self.ids and entry.id <= self.ids[-1]:
+            if entry.id in self.ids:
+                return
+            index = bisect.bisect_left(self.ids, entry.id)
+            self.ids.insert(index, entry.id)
+            self.entries.insert(index, entry)
+            return
+        self.ids.append(entry.id)
+        self.entries.append(entry)
+
+
+class ContextCache:
+    def __init__(self, capacity: int = 512) -> None:
+        self._capacity = capacity
+        self._ranges: OrderedDict[int, _Range] = OrderedDict()
+
+    def on_publication(self, publication: Publication) -> None:
+        if not self._ranges:
+            return
+        for entry in publication.entries:
+            cached = self._ranges.get(entry.conversation_id)
+            if cached is None:
+                continue
+            if entry.head is not None:
+                cached.stale = True  # a new marker moves the range start: read it again next time
+            elif cached.ready:
+                cached.add(entry)
+            else:
+                cached.pending.append(entry)
+
+    async def get(
+        self, conversation_id: int, cutoff: int | None, load: Loader
+    ) -> tuple[Entry | None, list[Entry]]:
+        cached = self._ranges.get(conversation_id)
+        if cached is not None and cached.ready and not cached.stale:
+            self._ranges.move_to_end(conversation_id)
+            if cutoff is None:
+                return cached.head, list(cached.entries)
+            return cached.head, cached.entries[: bisect.bisect_right(cached.ids, cutoff)]
+        fresh = _Range(head=None, entries=[])
+        self._ranges[conversation_id] = fresh  # buffer what is published while we read
+        self._ranges.move_to_end(conversation_id)
+        try:
+            head, entries = await load()
+        except BaseException:
+            if self._ranges.get(conversation_id) is fresh:
+                del self._ranges[conversation_id]
+            raise
+        if self._ranges.get(conversation_id) is fresh and not fresh.stale:
+            fresh.head = head
+            fresh.entries = list(entries)
+            fresh.ids = [e.id for e in entries]
+            for entry in fresh.pending:
+                fresh.add(entry)
+            fresh.pending = []
+            fresh.ready = True
+            while len(self._ranges) > self._capacity:
+                self._ranges.popitem(last=False)
+        elif self._ranges.get(conversation_id) is fresh:
+            del self._ranges[conversation_id]
+        if cutoff is None:
+            return head, entries
+        return head, [e for e in entries if e.id <= cutoff]
+
+    def forget(self, conversation_id: int) -> None:
+        self._ranges.pop(conversation_id, None)

@@ -1,0 +1,98 @@
+"""The context cache must always agree with reading the active range from storage."""
+
+from __future__ import annotations
+
+import asyncio
+
+from harness_core import EntryDraft, Harness, Input, Tx
+from harness_core.conversation import load_context, read_active_range
+from harness_core.messages import UserMessage
+from harness_core.models.faux import faux_assistant
+from harness_core.storage import MemoryStorage
+
+from .helpers import FAUX, open_harness
+
+
+async def assert_agrees(harness: Harness, conversation_id: int, cutoff: int | None = None) -> None:
+    cached = await load_context(harness, conversation_id, cutoff)
+    head, entries = await read_active_range(harness, conversation_id, cutoff)
+    assert [e.id for e in cached.entries] == ([head.id] if head else []) + [
+        e.id for e in entries if e.head is None
+    ]
+    assert cached.head == head
+
+
+async def note(harness: Harness, conversation_id: int, text: str, **extra: object) -> int:
+    async def run(tx: Tx) -> int:
+        draft = EntryDraft(kind="core.user", model=[UserMessage(content=text)], **extra)  # type: ignore[arg-type]
+        return tx.append_entry(conversation_id, draft).id
+
+    return await harness.commit(run)
+
+
+async def test_appends_after_the_first_load_are_seen() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    await note(harness, root.id, "one")
+    await assert_agrees(harness, root.id)
+    for i in range(5):
+        await note(harness, root.id, f"more {i}")
+        await assert_agrees(harness, root.id)
+    await harness.close()
+
+
+async def test_a_new_head_marker_resets_the_cached_range() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    first = await note(harness, root.id, "before")
+    await assert_agrees(harness, root.id)
+    marker = await note(harness, root.id, "handoff", head="self")
+    await note(harness, root.id, "after")
+    view = await load_context(harness, root.id)
+    assert view.head is not None and view.head.id == marker
+    assert first not in [e.id for e in view.entries]
+    await assert_agrees(harness, root.id)
+    await assert_agrees(harness, root.id, cutoff=first)  # an earlier point than the newest marker
+    await harness.close()
+
+
+async def test_commits_published_while_the_range_is_read_are_not_lost() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    await note(harness, root.id, "first")
+    harness.context_cache.forget(root.id)
+    storage = harness.session.storage
+    original = storage.scan_entries
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_scan(*args: object, **kwargs: object) -> object:
+        started.set()
+        await release.wait()
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    storage.scan_entries = slow_scan  # type: ignore[method-assign]
+    loading = asyncio.ensure_future(load_context(harness, root.id))
+    await started.wait()
+    storage.scan_entries = original  # type: ignore[method-assign]
+    late = await note(harness, root.id, "published during the read")
+    release.set()
+    await loading
+    view = await load_context(harness, root.id)  # served from the cache
+    assert late in [e.id for e in view.entries]
+    await assert_agrees(harness, root.id)
+    await harness.close()
+
+
+async def test_a_conversation_running_turns_keeps_agreeing() -> None:
+    harness, _ = await open_harness(responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    for i in range(3):
+        await (await root.submit(Input(f"q{i}"))).wait()
+        await assert_agrees(harness, root.id)
+    fork_at = (await root.entries(limit=1)).items[0].id
+    fork = await root.fork(fork_at)
+    await (await fork.submit(Input("in the fork"))).wait()
+    await assert_agrees(harness, fork.id)
+    await assert_agrees(harness, root.id)
+    await harness.close()
