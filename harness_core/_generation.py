@@ -150,6 +150,11 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
     async def commit(tx: Tx, t: Task) -> Checkpoint:
         for draft in drafts:
             tx.append_entry(t.conversation_id, draft)
+        live = await tx.doc(LiveDoc, t.conversation_id)
+        if not (live.value.get("generation") or {}).get(
+            "message"
+        ):  # a leftover partial is converted in request
+            live.value["generation"] = {"attempt": attempt}
         if background:
             compaction = await harness.create_task_in(
                 tx,
@@ -280,11 +285,13 @@ async def _stream(
     interval = harness.settings.progress.partial_interval_ms / 1000
     latest: dict[str, Any] = {"message": None, "dirty": False}
     wake = asyncio.Event()
-    done = False
 
     async def write_partials() -> None:
         while True:
             await wake.wait()
+            # Throttle on the leading edge too: the first token starts the clock, so a response that is
+            # complete within the interval writes no partial at all, and later changes coalesce.
+            await asyncio.sleep(interval)
             wake.clear()
             if not latest["dirty"]:
                 continue
@@ -297,9 +304,6 @@ async def _stream(
                 generation["message"] = snapshot
 
             await runtime.commit(commit)
-            if done:
-                return
-            await asyncio.sleep(interval)
 
     writer = asyncio.get_running_loop().create_task(write_partials(), name=f"generation-{task.id}-partials")
     final: AssistantMessage | None = None

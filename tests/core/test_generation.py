@@ -274,7 +274,7 @@ async def test_partials_are_committed_while_streaming() -> None:
         responder=lambda _r: faux_assistant("a fairly long streamed answer " * 4)
     )
     faux.chunk_size = 4
-    faux.delay_ms = 5
+    faux.delay_ms = 10  # about 0.3 s of streaming: several partial intervals
     root = await harness.root(agent=FAUX)
     partials: list[str] = []
 
