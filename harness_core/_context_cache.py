@@ -14,6 +14,7 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from harness_core._session import Publication
 from harness_core.records import Entry
@@ -29,8 +30,10 @@ class _Range:
     ready: bool = False
     pending: list[Entry] = field(default_factory=list)  # published while the range was being read
     stale: bool = False
+    derived: tuple[tuple[int, int], Any] | None = None  # ((entry count, newest id), derived view)
 
     def add(self, entry: Entry) -> None:
+        self.derived = None
         if self.ids and entry.id <= self.ids[-1]:
             if entry.id in self.ids:
                 return
@@ -94,6 +97,19 @@ class ContextCache:
         if cutoff is None:
             return head, entries
         return head, [e for e in entries if e.id <= cutoff]
+
+    def derived(self, conversation_id: int, entries: list[Entry], derive: Callable[[], Any]) -> Any:
+        """The view derived from `entries` (a prefix of the cached range), computed once per range state.
+        Views are shared: callers must not mutate them."""
+        cached = self._ranges.get(conversation_id)
+        if cached is None or not cached.ready or cached.stale:
+            return derive()
+        key = (len(entries), entries[-1].id if entries else 0)
+        if cached.derived is not None and cached.derived[0] == key:
+            return cached.derived[1]
+        view = derive()
+        cached.derived = (key, view)
+        return view
 
     def forget(self, conversation_id: int) -> None:
         self._ranges.pop(conversation_id, None)

@@ -127,23 +127,23 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
     compaction_settings = settings.compaction
     background = False
     if compaction_settings.enabled and info.context_window > 0 and compacted is None:
-        tokens = _estimate(view, drafts)
         from harness_core._compaction import find_cut
 
-        has_cut = find_cut(view, compaction_settings.keep_recent_tokens) is not None
-        if has_cut and tokens > info.context_window - compaction_settings.reserve_tokens:
-            await runtime.commit(
-                lambda tx, t: _start_blocking_compaction(harness, tx, t, attempt, "threshold", None)
-            )
-            return
-        live = await harness.snapshot(LiveDoc, task.conversation_id) or {}
-        background = (
-            has_cut
-            and compaction_settings.background_tokens > 0
-            and tokens
-            > info.context_window - compaction_settings.reserve_tokens - compaction_settings.background_tokens
-            and not live.get("compactions")
-        )
+        tokens = _estimate(view, drafts)
+        blocking_at = info.context_window - compaction_settings.reserve_tokens
+        background_at = blocking_at - compaction_settings.background_tokens
+        over_background = compaction_settings.background_tokens > 0 and tokens > background_at
+        # Finding a cut walks the whole range: only do it once a threshold is crossed.
+        if (tokens > blocking_at or over_background) and find_cut(
+            view, compaction_settings.keep_recent_tokens
+        ):
+            if tokens > blocking_at:
+                await runtime.commit(
+                    lambda tx, t: _start_blocking_compaction(harness, tx, t, attempt, "threshold", None)
+                )
+                return
+            live = await harness.snapshot(LiveDoc, task.conversation_id) or {}
+            background = not live.get("compactions")
 
     model_json = {"provider": agent.model.provider, "model_id": agent.model.model_id}
 

@@ -112,6 +112,8 @@ class Published:
         self.waiters: dict[int, set[int]] = {}
         # Task-scoped documents of tasks created by this process (complete; tasks loaded at open are absent).
         self.task_docs: dict[int, set[DocAddress]] = {}
+        # Submissions not settled yet (queued or placed) that this process wrote: runs settle them soon.
+        self.open_submissions: dict[int, Submission] = {}
 
     def load_tasks(self, tasks: dict[int, Task]) -> None:
         """The live tasks found at open."""
@@ -152,6 +154,11 @@ class Published:
                 self.live_tasks.pop(task.id, None)
                 self.owned.pop(task.id, None)
                 self.task_docs.pop(task.id, None)
+        for submission in layer.submissions.values():
+            if submission.status in ("queued", "placed"):
+                self.open_submissions[submission.id] = submission
+            else:
+                self.open_submissions.pop(submission.id, None)
         for conversation in layer.conversations.values():
             self.conversations.put(conversation.id, conversation)
             owner = conversation.owner_task_id

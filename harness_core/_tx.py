@@ -102,6 +102,9 @@ class Tx:
             found = layer.submissions.get(submission_id)
             if found is not None:
                 return found
+        known = self._session.published.open_submissions.get(submission_id)
+        if known is not None:
+            return known
         return await self._session.storage.submission(submission_id)
 
     async def submission_by_request(self, conversation_id: int, request_id: str) -> Submission | None:

@@ -272,7 +272,11 @@ async def load_context(harness: Harness, conversation_id: int, cutoff: int | Non
     )
     if cutoff is not None and head is not None and head.id > cutoff:
         head, entries = await read_active_range(harness, conversation_id, cutoff)  # an earlier point
-    return derive_context(head, entries)
+        return derive_context(head, entries)
+    view: ContextView = harness.context_cache.derived(
+        conversation_id, entries, lambda: derive_context(head, entries)
+    )
+    return view
 
 
 async def read_active_range(
