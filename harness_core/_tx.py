@@ -46,6 +46,7 @@ class Tx:
         self._copied_docs: list[DocAddress] = []  # documents a fork copied from its parent
         self._retired_drafts: list[DocDraft] = []  # drafts retired in this commit: content first, then retire
         self.internal: dict[str, Any] = {}  # scratch space for harness hooks within this commit
+        self._by_request_read: dict[tuple[int, str], Submission | None] = {}  # storage answers, this commit
 
     @property
     def now(self) -> int:
@@ -113,7 +114,12 @@ class Tx:
             found = layer.by_request.get((conversation_id, request_id))
             if found is not None:
                 return layer.submissions[found]
-        return await self._session.storage.submission_by_request(conversation_id, request_id)
+        key = (conversation_id, request_id)
+        if key not in self._by_request_read:  # asked twice in one commit (a caller's check, then admit's)
+            self._by_request_read[key] = await self._session.storage.submission_by_request(
+                conversation_id, request_id
+            )
+        return self._by_request_read[key]
 
     async def conversations_owned_by(self, task_id: int) -> list[Conversation]:
         self._check()
@@ -448,6 +454,34 @@ class Tx:
                 created=False,
                 deltas=state.deltas_since_base,
             )
+        self._drafts[address] = draft
+        return draft
+
+    async def create_doc(
+        self, definition: DocDefinition, scope_id: int | None = None, key: str | None = None, seed: Any = None
+    ) -> DocDraft:
+        """Create a document at an address the caller knows is unused (e.g. keyed by an id minted in this
+        commit) without asking storage whether it exists. Use `doc()` whenever the address may be in use."""
+        self._check()
+        address = address_of(definition, scope_id, key)
+        known = address in self._drafts or any(address in layer.docs for layer in (self.local, self._overlay))
+        hit, cached = self._session.published.docs.get(address)
+        if known or (hit and cached is not None):
+            return await self.doc(definition, scope_id, key, seed)
+        record = DocumentRecord(
+            id=self.mint_id(),
+            kind=definition.kind,
+            key=key,
+            scope=definition.scope,
+            scope_id=address[2],
+            history=definition.history,
+            fork=definition.fork,
+            created_seq=self.seq,
+        )
+        value = definition.make_initial(seed)
+        draft = DocDraft(
+            definition, record, strict_copy(value), original=value, stored_version=None, created=True
+        )
         self._drafts[address] = draft
         return draft
 

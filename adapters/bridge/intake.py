@@ -65,7 +65,7 @@ async def intake(bridge: Bridge, message: IncomingMessage) -> IntakeResult:
             target = message.place
             if target.thread is None and policy.reply_in_thread and not message.is_dm:
                 target = target.in_thread(message.message_id)
-            await tx.doc(
+            await tx.create_doc(  # keyed by the submission id minted in this commit: new by construction
                 ReplyDoc,
                 key=str(submission.id),
                 seed={
@@ -90,7 +90,7 @@ async def intake(bridge: Bridge, message: IncomingMessage) -> IntakeResult:
             outcome = "recorded"
         else:
             return IntakeResult(conversation_id, None, "ignored")
-        await tx.doc(
+        await tx.create_doc(  # the first time this message is taken in (the duplicate check above passed)
             MessageDoc,
             key=message.request_id,
             seed={

@@ -31,7 +31,7 @@ async def _fire(task: Task, runtime: TaskRuntime) -> None:
         )
         place_of = await tx.snapshot(PlaceOfDoc, conversation_id) or {}
         if place_of.get("place") is not None:
-            await tx.doc(
+            await tx.create_doc(  # keyed by the submission minted just above
                 ReplyDoc,
                 key=str(submission.id),
                 seed={

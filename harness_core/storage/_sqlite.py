@@ -254,9 +254,19 @@ def _parse(model: type[M], text: str, path: str, what: str) -> M:
 class SqliteStorage:
     """A SQLite file. Open with `await SqliteStorage.open(path)`; one process owns it at a time."""
 
-    def __init__(self, path: str, db: aiosqlite.Connection, lock: OwnerLock, meta: StorageMeta) -> None:
+    def __init__(
+        self,
+        path: str,
+        db: aiosqlite.Connection,
+        reader: aiosqlite.Connection,
+        lock: OwnerLock,
+        meta: StorageMeta,
+    ) -> None:
         self._path = path
         self._db = db
+        # Scans run on a second connection (WAL lets readers run beside the writer), so a long scan never
+        # queues ahead of a commit or of the short lookups commits make.
+        self._reader = reader
         self._lock = lock
         self._next_id = meta.next_id
         self._last_seq = meta.last_seq
@@ -279,7 +289,14 @@ class SqliteStorage:
             db = await aiosqlite.connect(description, isolation_level=None, timeout=busy_timeout)
             try:
                 meta = await _on_thread(db, lambda conn: _setup(conn, description, durability))
+                reader = await aiosqlite.connect(description, isolation_level=None, timeout=busy_timeout)
             except BaseException:
+                await db.close()
+                raise
+            try:
+                await _on_thread(reader, lambda conn: conn.execute("PRAGMA query_only = ON").fetchall())
+            except BaseException:
+                await reader.close()
                 await db.close()
                 raise
         except sqlite3.Error as exc:
@@ -291,7 +308,7 @@ class SqliteStorage:
         except BaseException:
             lock.release()
             raise
-        return cls(description, db, lock, meta)
+        return cls(description, db, reader, lock, meta)
 
     @property
     def description(self) -> str:
@@ -310,6 +327,14 @@ class SqliteStorage:
 
     async def _rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
         return await self._run(lambda conn: conn.execute(sql, params).fetchall(), action)
+
+    async def _scan_rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
+        """Rows of a scan, read on the reader connection."""
+        self._check()
+        try:
+            return await _on_thread(self._reader, lambda conn: conn.execute(sql, params).fetchall())
+        except sqlite3.Error as exc:
+            raise _translate(self._path, action, exc) from exc
 
     async def meta(self) -> StorageMeta:
         self._check()
@@ -367,7 +392,7 @@ class SqliteStorage:
         limit = max(limit, 0)
         params.append(limit + 1)  # one extra row says whether there is a next page
         sql = f"SELECT record FROM {table}{where} ORDER BY id {direction} LIMIT ?"
-        rows = await self._rows(sql, params, f"scan {table}")
+        rows = await self._scan_rows(sql, params, f"scan {table}")
         items = [_parse(model, row[0], self._path, f"{table} row") for row in rows[:limit]]
         more = len(rows) > limit
         return Page(items=items, cursor=make_cursor(scan, order, items[-1].id) if more and items else None)
@@ -550,7 +575,7 @@ class SqliteStorage:
             params.append(kind)
         if alive_only:
             sql += " AND retired_seq IS NULL"
-        rows = await self._rows(sql + " ORDER BY id", params, "scan documents")
+        rows = await self._scan_rows(sql + " ORDER BY id", params, "scan documents")
         return [self._doc_record(text, retired) for retired, text in rows]
 
     async def close(self) -> None:
@@ -559,6 +584,7 @@ class SqliteStorage:
             return
         self._closed = True
         try:
+            await self._reader.close()  # first: an open reader would keep the checkpoint from truncating
             try:
                 await _on_thread(
                     self._db, lambda conn: conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

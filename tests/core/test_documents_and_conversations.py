@@ -302,3 +302,26 @@ async def test_corrupt_document_delta_is_reported_not_hidden() -> None:
     with pytest.raises(StorageCorrupt, match="does not apply"):
         await harness.snapshot(Counter, root.id)
     await harness.close()
+
+
+async def test_create_doc_makes_a_new_document_and_never_a_second_incarnation() -> None:
+    storage = await MemoryStorage.open()
+    harness = await Harness.open(storage)
+
+    async def create(tx: Tx) -> None:
+        draft = await tx.create_doc(Family, key="fresh", seed=7)
+        draft.value["extra"] = True
+
+    await harness.commit(create)
+    assert await harness.snapshot(Family, key="fresh") == {"seed": 7, "extra": True}
+
+    async def again(tx: Tx) -> None:  # the address is in use: behaves like doc()
+        draft = await tx.create_doc(Family, key="fresh", seed=8)
+        assert draft.value["seed"] == 7
+        draft.value["again"] = True
+
+    await harness.commit(again)
+    records = await storage.scan_documents(scope="session", kind="test.family")
+    assert len(records) == 1
+    assert await harness.snapshot(Family, key="fresh") == {"seed": 7, "extra": True, "again": True}
+    await harness.close()

@@ -221,6 +221,7 @@ async def test_hot_reads_use_indexes(tmp_path: Path) -> None:
         await storage.commit(sample_batches())
         statements: list[str] = []
         await storage._db.set_trace_callback(statements.append)
+        await storage._reader.set_trace_callback(statements.append)  # scans run on the reader connection
         page = await storage.scan_entries(1, limit=1)
         await storage.scan_entries(1, limit=1, cursor=page.cursor, min_id=1, max_id=50)
         await storage.latest_head(1, at_or_before=11)
@@ -236,6 +237,7 @@ async def test_hot_reads_use_indexes(tmp_path: Path) -> None:
         await storage.document(5, at_seq=1)
         await storage.task(4)
         await storage._db.set_trace_callback(None)
+        await storage._reader.set_trace_callback(None)
         selects = [sql for sql in statements if sql.startswith("SELECT")]
         assert len(selects) >= 14
         for sql in selects:
