@@ -14,8 +14,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# The bench extra too: the benchmark smoke tests run the LangGraph anchors (no test is skipped).
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	touch $@ $(VENV)/.installed
 
 run: $(VENV)/.installed
