@@ -69,10 +69,9 @@ async def admit(harness: Harness, tx: Tx, conversation_id: int, draft: Input | W
                     f"for a different {existing.type}"
                 )
             return existing
-    live = await tx.doc(LiveDoc, conversation_id)
-    inbox = await tx.doc(InboxDoc, conversation_id)
-    busy = "run" in live.value
-    queued = bool(inbox.value["items"])
+    # Read first; take a draft (a copy, diffed at commit) only of what this admission changes.
+    busy = "run" in (await tx.snapshot(LiveDoc, conversation_id) or {})
+    queued = bool((await tx.snapshot(InboxDoc, conversation_id) or {}).get("items"))
     submission_id = tx.mint_id()
     base = Submission(
         id=submission_id,
@@ -87,6 +86,7 @@ async def admit(harness: Harness, tx: Tx, conversation_id: int, draft: Input | W
             raise ConversationBusy(f"conversation {conversation_id} is busy")
         if busy or queued:
             mode = "steer" if draft.when_busy == "steer" else "followUp"
+            inbox = await tx.doc(InboxDoc, conversation_id)
             inbox.value["items"].append(
                 {"id": submission_id, "mode": mode, "content": _content_json(draft.content)}
             )
@@ -99,6 +99,7 @@ async def admit(harness: Harness, tx: Tx, conversation_id: int, draft: Input | W
         await start_run(harness, tx, conversation_id, [submission_id])
         return await _reread(tx, submission_id)
     if busy or queued:
+        inbox = await tx.doc(InboxDoc, conversation_id)
         inbox.value["items"].append(
             {
                 "id": submission_id,

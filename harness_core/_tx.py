@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from harness_core._ancestry import ancestry, visible_in
 from harness_core._json import strict_copy
 from harness_core._jsondiff import json_diff
 from harness_core._layers import DocState, Layer
@@ -168,28 +169,14 @@ class Tx:
 
     async def ancestry(self, conversation_id: int) -> list[tuple[int, int | None]]:
         """[(conversation id, highest visible entry id or None)] from the conversation up to its root."""
-        chain: list[tuple[int, int | None]] = []
-        cap: int | None = None
-        current: int | None = conversation_id
-        while current is not None:
-            record = await self.conversation(current)
-            if record is None:
-                raise NotFound(f"conversation {current} does not exist")
-            chain.append((current, cap))
-            if record.parent is None:
-                break
-            cap = record.parent.at if cap is None else min(cap, record.parent.at)
-            current = record.parent.conversation_id
-        return chain
+        return await ancestry(conversation_id, self.conversation)
 
     async def entry_visible(self, conversation_id: int, entry_id: int) -> Entry | None:
         entry = await self.entry(entry_id)
         if entry is None:
             return None
-        for conv, cap in await self.ancestry(conversation_id):
-            if entry.conversation_id == conv and (cap is None or entry.id <= cap):
-                return entry
-        return None
+        chain = await self.ancestry(conversation_id)
+        return entry if visible_in(chain, entry.conversation_id, entry.id) is not None else None
 
     async def latest_entry(self, conversation_id: int) -> Entry | None:
         """The newest entry visible in the conversation (fork-aware), as this commit sees it."""
@@ -423,26 +410,7 @@ class Tx:
                 f"the definition says history={definition.history} fork={definition.fork}"
             )
         if state is None:
-            record = DocumentRecord(
-                id=self.mint_id(),
-                kind=definition.kind,
-                key=key,
-                scope=definition.scope,
-                scope_id=address[2],
-                history=definition.history,
-                fork=definition.fork,
-                created_seq=self.seq,
-            )
-            value = definition.make_initial(seed)
-            draft = DocDraft(
-                definition,
-                record,
-                strict_copy(value),
-                original=value,
-                stored_version=None,
-                created=True,
-                deltas=0,
-            )
+            draft = self._new_draft(definition, address, seed)
         else:
             value = migrated(definition, state.version, state.value)
             draft = DocDraft(
@@ -468,10 +436,16 @@ class Tx:
         hit, cached = self._session.published.docs.get(address)
         if known or (hit and cached is not None):
             return await self.doc(definition, scope_id, key, seed)
+        draft = self._new_draft(definition, address, seed)
+        self._drafts[address] = draft
+        return draft
+
+    def _new_draft(self, definition: DocDefinition, address: DocAddress, seed: Any) -> DocDraft:
+        """A draft of a new incarnation at `address`, holding the definition's initial value."""
         record = DocumentRecord(
             id=self.mint_id(),
             kind=definition.kind,
-            key=key,
+            key=address[3],
             scope=definition.scope,
             scope_id=address[2],
             history=definition.history,
@@ -479,21 +453,20 @@ class Tx:
             created_seq=self.seq,
         )
         value = definition.make_initial(seed)
-        draft = DocDraft(
+        return DocDraft(
             definition, record, strict_copy(value), original=value, stored_version=None, created=True
         )
-        self._drafts[address] = draft
-        return draft
 
     async def snapshot(
         self, definition: DocDefinition, scope_id: int | None = None, key: str | None = None
     ) -> Any:
-        """Read a document's current value (including this commit's draft) without creating it."""
+        """Read a document's current value (including this commit's draft) without creating it. The value is
+        shared, not copied: read it, do not change it (take a `doc()` draft to change a document)."""
         self._check()
         address = address_of(definition, scope_id, key)
         draft = self._drafts.get(address)
         if draft is not None:
-            return copy.deepcopy(draft.value)
+            return draft.value
         state = await self._doc_state(address)
         if state is None:
             return None

@@ -6,13 +6,16 @@ turns names into the installed code; names that are not installed are skipped (a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from harness_core.extensions import Extension, Registry, Section
 from harness_core.models import ModelRef, ThinkingLevel
 from harness_core.settings import HarnessSettings
 from harness_core.tools import ToolSpec
+
+T = TypeVar("T")
 
 
 class _Unset:
@@ -95,6 +98,19 @@ class ResolvedAgent:
         return found
 
 
+def _merge_in_place(items: list[T], name: Callable[[T], str]) -> list[T]:
+    positions: dict[str, int] = {}
+    merged: list[T] = []
+    for item in items:
+        index = positions.get(name(item))
+        if index is None:
+            positions[name(item)] = len(merged)
+            merged.append(item)
+        else:
+            merged[index] = item
+    return merged
+
+
 def resolve_agent(stored: dict[str, Any], registry: Registry, settings: HarnessSettings) -> ResolvedAgent:
     installed = registry.extensions()
     by_name = {e.name: e for e in installed}
@@ -115,14 +131,8 @@ def resolve_agent(stored: dict[str, Any], registry: Registry, settings: HarnessS
             seen.add(name)
             extensions.append(by_name[name])
 
-    tools: list[ToolSpec] = []
-    for extension in extensions:
-        for spec in extension.tools:
-            index = next((i for i, t in enumerate(tools) if t.name == spec.name), None)
-            if index is None:
-                tools.append(spec)
-            else:
-                tools[index] = spec
+    # A later extension's tool or section of the same name replaces the earlier one in place.
+    tools = _merge_in_place([t for e in extensions for t in e.tools], lambda t: t.name)
     tool_filter = stored.get("tools")
     if isinstance(tool_filter, list):
         by_tool = {t.name: t for t in tools}
@@ -135,14 +145,7 @@ def resolve_agent(stored: dict[str, Any], registry: Registry, settings: HarnessS
         removed_tools = set(tool_filter.get("remove", []))
         tools = [t for t in tools if t.name not in removed_tools]
 
-    sections: list[Section] = []
-    for extension in extensions:
-        for contributed in extension.sections:
-            index = next((i for i, s in enumerate(sections) if s.key == contributed.key), None)
-            if index is None:
-                sections.append(contributed)
-            else:
-                sections[index] = contributed
+    sections = _merge_in_place([s for e in extensions for s in e.sections], lambda s: s.key)
     instructions = stored.get("instructions")
     if instructions:
         text = str(instructions)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from harness_core._ancestry import ancestry
+from harness_core._feed import Feed
 from harness_core._inbox import Input, Write, admit, withdraw_inputs
 from harness_core._session import Publication
 from harness_core.agent import AgentChange, ResolvedAgent
@@ -203,19 +204,7 @@ class ConversationHandle:
     # --- history and context ------------------------------------------------------------------------------------
 
     async def ancestry(self) -> list[tuple[int, int | None]]:
-        chain: list[tuple[int, int | None]] = []
-        cap: int | None = None
-        current: int | None = self.id
-        while current is not None:
-            record = await self._harness.session.read_conversation(current)
-            if record is None:
-                raise NotFound(f"conversation {current} does not exist")
-            chain.append((current, cap))
-            if record.parent is None:
-                break
-            cap = record.parent.at if cap is None else min(cap, record.parent.at)
-            current = record.parent.conversation_id
-        return chain
+        return await ancestry(self.id, self._harness.session.read_conversation)
 
     async def entries(
         self, limit: int = 50, cursor: dict[str, Any] | None = None, order: Order = "desc"
@@ -325,48 +314,24 @@ class WatchFrame:
     docs: dict[str, Any] = field(default_factory=dict)  # built-in documents: whole new values
 
 
-class ConversationWatch:
+class ConversationWatch(Feed[WatchFrame]):
     """An async iterator of committed view changes, starting from a snapshot.
 
     A consumer that falls more than 100 frames behind gets one fresh snapshot instead of the backlog
     (convergence, not an audit log). Use as `async with conversation.watch() as frames: async for f in frames`.
     """
 
+    limit = WATCH_BUFFER
+
     def __init__(self, harness: Harness, conversation_id: int) -> None:
-        self._harness = harness
+        super().__init__(harness)
         self.conversation_id = conversation_id
-        self._queue: list[WatchFrame | None] = []
-        self._event = asyncio.Event()
-        self._overflow = False
-        self._dispose: Callable[[], None] | None = None
-        self._started = False
-        self._closed = False
 
-    async def __aenter__(self) -> ConversationWatch:
-        await self._start()
-        return self
+    async def first(self) -> tuple[WatchFrame, int]:
+        frame = await self.snapshot()
+        return frame, frame.seq
 
-    async def __aexit__(self, *_exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._closed = True
-        if self._dispose is not None:
-            self._dispose()
-            self._dispose = None
-        self._event.set()
-
-    async def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
-        # Subscribe first, then read: a commit that lands in between appears in both (the consumer sees it
-        # twice at worst, never misses it).
-        self._dispose = self._harness.add_publication_listener(self._on_publication)
-        self._queue.insert(0, await self._snapshot())
-        self._event.set()
-
-    async def _snapshot(self) -> WatchFrame:
+    async def snapshot(self) -> WatchFrame:
         seq = self._harness.session.last_seq
         view = await load_context(self._harness, self.conversation_id)
         docs = {d.kind: await self._harness.snapshot(d, self.conversation_id) for d in BUILTIN_DOCS}
@@ -377,7 +342,7 @@ class ConversationWatch:
             docs={k: v for k, v in docs.items() if v is not None},
         )
 
-    def _on_publication(self, publication: Publication) -> None:
+    def translate(self, publication: Publication) -> WatchFrame | None:
         entries = [e for e in publication.entries if e.conversation_id == self.conversation_id]
         docs = {
             d.record.kind: d.value
@@ -387,40 +352,8 @@ class ConversationWatch:
             and d.record.kind.startswith("core.")
         }
         if not entries and not docs:
-            return
-        if len([f for f in self._queue if f is not None]) >= WATCH_BUFFER:
-            self._overflow = True
-            self._queue.clear()
-        else:
-            self._queue.append(WatchFrame(kind="change", seq=publication.seq, entries=entries, docs=docs))
-        self._event.set()
-
-    def __aiter__(self) -> AsyncIterator[WatchFrame]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[WatchFrame]:
-        await self._start()
-        while not self._closed:
-            if self._overflow:
-                self._overflow = False
-                self._queue.clear()
-                yield await self._snapshot()
-                continue
-            if not self._queue:
-                if self._harness.session.sealed:
-                    return
-                self._event.clear()
-                closed = self._harness.closed
-                waiter: asyncio.Future[Any] = asyncio.ensure_future(self._event.wait())
-                closed_future: asyncio.Future[Any] = closed
-                done, _ = await asyncio.wait([waiter, closed_future], return_when=asyncio.FIRST_COMPLETED)
-                if waiter not in done:
-                    waiter.cancel()
-                    return
-                continue
-            frame = self._queue.pop(0)
-            if frame is not None:
-                yield frame
+            return None
+        return WatchFrame(kind="change", seq=publication.seq, entries=entries, docs=docs)
 
 
 __all__ = [

@@ -12,11 +12,10 @@ auto_retry_start, compaction_start/end, task_failed, agent_changed, usage_change
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness_core._feed import Feed
 from harness_core._session import Publication
 from harness_core.conversation import load_context
 from harness_core.documents import AgentDoc, InboxDoc, LiveDoc, UsageDoc
@@ -44,53 +43,24 @@ def _message_text(message: dict[str, Any] | None) -> str:
     return "".join(p.get("text", "") for p in message.get("content", []) if p.get("type") == "text")
 
 
-class EventStream:
+class EventStream(Feed[EventBatch]):
     """Async iterator of `EventBatch`es. Use `async with watch_events(...) as stream: async for batch in stream`."""
 
+    limit = EVENT_BUFFER
+
     def __init__(self, harness: Harness, conversation_id: int, after: int | None) -> None:
-        self._harness = harness
+        super().__init__(harness)
         self.conversation_id = conversation_id
         self._after = after
-        self._queue: list[EventBatch] = []
-        self._event = asyncio.Event()
-        self._overflow = False
-        self._dispose: Any = None
-        self._closed = False
-        self._started = False
         self._live: dict[str, Any] = {}
         self._last_seq = 0
         self._turns: set[int] = set()
 
-    async def __aenter__(self) -> EventStream:
-        await self._start()
-        return self
+    async def first(self) -> tuple[EventBatch, int]:
+        batch = await (self.snapshot() if self._after is None else self._resume(self._after))
+        return batch, batch.cursor
 
-    async def __aexit__(self, *_exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._closed = True
-        if self._dispose is not None:
-            self._dispose()
-            self._dispose = None
-        self._event.set()
-
-    async def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
-        buffered: list[Publication] = []
-        self._dispose = self._harness.add_publication_listener(buffered.append)
-        first = await (self._snapshot() if self._after is None else self._resume(self._after))
-        self._dispose()
-        self._dispose = self._harness.add_publication_listener(self._on_publication)
-        self._queue.append(first)
-        for publication in buffered:
-            if publication.seq > first.cursor:
-                self._on_publication(publication)
-        self._event.set()
-
-    async def _snapshot(self) -> EventBatch:
+    async def snapshot(self) -> EventBatch:
         harness = self._harness
         seq = harness.session.last_seq
         view = await load_context(harness, self.conversation_id)
@@ -244,7 +214,7 @@ class EventStream:
         self._live = live
         return events
 
-    def _on_publication(self, publication: Publication) -> None:
+    def translate(self, publication: Publication) -> EventBatch | None:
         cid = self.conversation_id
         events: list[dict[str, Any]] = []
         docs = {
@@ -274,13 +244,8 @@ class EventStream:
         if "core.usage" in docs:
             events.append({"type": "usage_changed", "usage": docs["core.usage"].value or {}})
         if not events:
-            return
-        if len(self._queue) >= EVENT_BUFFER:
-            self._overflow = True
-            self._queue.clear()
-        else:
-            self._queue.append(EventBatch(cursor=publication.seq, events=events))
-        self._event.set()
+            return None
+        return EventBatch(cursor=publication.seq, events=events)
 
     def _task_events(self, task: Task) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
@@ -303,30 +268,6 @@ class EventStream:
             )
             events.append({"type": "task_failed", "task_id": task.id, "kind": task.kind, "message": message})
         return events
-
-    def __aiter__(self) -> AsyncIterator[EventBatch]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[EventBatch]:
-        await self._start()
-        while not self._closed:
-            if self._overflow:
-                self._overflow = False
-                self._queue.clear()
-                yield await self._snapshot()
-                continue
-            if not self._queue:
-                if self._harness.session.sealed:
-                    return
-                self._event.clear()
-                waiter: asyncio.Future[Any] = asyncio.ensure_future(self._event.wait())
-                closed_future: asyncio.Future[Any] = self._harness.closed
-                done, _ = await asyncio.wait([waiter, closed_future], return_when=asyncio.FIRST_COMPLETED)
-                if waiter not in done:
-                    waiter.cancel()
-                    return
-                continue
-            yield self._queue.pop(0)
 
 
 def _submission_json(submission: Submission) -> dict[str, Any]:

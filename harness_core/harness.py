@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, overload
 
+from harness_core._ancestry import ancestry, visible_in
 from harness_core._context_cache import ContextCache
 from harness_core._inbox import Input, Write, admit
 from harness_core._json import strict_copy
@@ -381,19 +382,11 @@ class Harness:
         return None if stored is None else migrated(definition, stored.version, stored.value)
 
     async def _visible_owner(self, conversation_id: int, entry_id: int, entry_conversation: int) -> int:
-        current: int | None = conversation_id
-        cap: int | None = None
-        while current is not None:
-            record = await self.session.read_conversation(current)
-            if record is None:
-                break
-            if current == entry_conversation and (cap is None or entry_id <= cap):
-                return current
-            if record.parent is None:
-                break
-            cap = record.parent.at if cap is None else min(cap, record.parent.at)
-            current = record.parent.conversation_id
-        raise NotFound(f"entry {entry_id} is not visible in conversation {conversation_id}")
+        chain = await ancestry(conversation_id, self.session.read_conversation)
+        owner = visible_in(chain, entry_conversation, entry_id)
+        if owner is None:
+            raise NotFound(f"entry {entry_id} is not visible in conversation {conversation_id}")
+        return owner
 
     # --- agents -------------------------------------------------------------------------------------------------
 
@@ -732,7 +725,10 @@ class Harness:
         return await admit(self, tx, conversation_id, draft)
 
     async def submission(self, submission_id: int) -> SubmissionHandle | None:
-        record = await self.session.storage.submission(submission_id)
+        """A submission by id (its record as committed now); works after a reopen too."""
+        record = self.session.published.open_submissions.get(submission_id)
+        if record is None:
+            record = await self.session.storage.submission(submission_id)
         return None if record is None else SubmissionHandle(self, record)
 
     async def wait_submission(self, submission_id: int) -> Submission:

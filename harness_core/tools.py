@@ -51,6 +51,20 @@ class OutputLimits:
     retain: Literal["head", "tail"] = "head"
 
 
+async def commit_returning(runtime: Any, fn: Callable[[Tx, Task], Any]) -> Any:
+    """A task-runtime commit that leaves the task's state alone and returns what `fn` returned."""
+    box: list[Any] = []
+
+    async def wrapped(tx: Tx, task: Task) -> None:
+        result = fn(tx, task)
+        if inspect.isawaitable(result):
+            result = await result
+        box.append(result)
+
+    await runtime.commit(wrapped)
+    return box[0] if box else None
+
+
 class ToolApi:
     """What a running tool gets. Bound to one tool task invocation."""
 
@@ -92,16 +106,7 @@ class ToolApi:
 
     async def commit(self, fn: Callable[[Tx, Task], Any]) -> Any:
         """A commit on behalf of this tool task; returns what `fn` returns (state is left unchanged)."""
-        box: list[Any] = []
-
-        async def wrapped(tx: Tx, task: Task) -> None:
-            result = fn(tx, task)
-            if inspect.isawaitable(result):
-                result = await result
-            box.append(result)
-
-        await self._runtime.commit(wrapped)
-        return box[0] if box else None
+        return await commit_returning(self._runtime, fn)
 
     async def conversation(self, conversation_id: int) -> ConversationHandle | None:
         handle: ConversationHandle | None = await self.harness.conversation(conversation_id)
@@ -308,16 +313,8 @@ class ToolHookApi:
         return await self._runtime.memo(name, *candidate)
 
     async def commit(self, fn: Callable[[Tx, Task], Any]) -> Any:
-        box: list[Any] = []
-
-        async def wrapped(tx: Tx, task: Task) -> None:
-            result = fn(tx, task)
-            if inspect.isawaitable(result):
-                result = await result
-            box.append(result)
-
-        await self._runtime.commit(wrapped)
-        return box[0] if box else None
+        """A commit on behalf of the tool task; returns what `fn` returns (state is left unchanged)."""
+        return await commit_returning(self._runtime, fn)
 
     def now(self) -> int:
         now: int = self.harness.now()

@@ -148,7 +148,11 @@ class Bridge:
                 if conversation_id is not None:
                     self.delivery.kick_conversation(int(conversation_id))
             elif kind == "core.live" and doc.record.scope_id is not None:
-                self.delivery.kick_conversation(doc.record.scope_id)
+                # Only the reply of the run's first input shows progress; queued ones are kicked when their
+                # submission settles or their run starts (then they are first).
+                inputs = ((doc.value or {}).get("run") or {}).get("inputs") or []
+                if inputs:
+                    self.delivery.kick(str(inputs[0]))
         for submission in publication.submissions:
             if submission.status in ("done", "unanswered"):
                 self.delivery.kick(str(submission.id))

@@ -25,10 +25,10 @@ def newer(a: str | None, b: str | None) -> str | None:
 
 async def conversation_for(tx: Tx, place: Place, agent: AgentChange | None) -> tuple[int, bool]:
     """The conversation of `place`, created in this commit if needed. Returns (id, created)."""
+    known = await tx.snapshot(PlaceDoc, key=place.key)
+    if known is not None and known.get("conversation_id") is not None:
+        return int(known["conversation_id"]), False
     doc = await tx.doc(PlaceDoc, key=place.key, seed={})
-    existing = doc.value.get("conversation_id")
-    if existing is not None:
-        return int(existing), False
     if place.thread is None:
         conversation_id = await _new_conversation(tx, agent)
     else:
