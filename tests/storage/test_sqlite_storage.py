@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import stat
 from pathlib import Path
@@ -247,3 +248,44 @@ async def test_hot_reads_use_indexes(tmp_path: Path) -> None:
             assert not [d for d in details if d.startswith("SCAN") or "TEMP B-TREE" in d], (sql, details)
     finally:
         await storage.close()
+
+
+def entry_batches(count: int, start_seq: int = 1) -> list[CommitBatch]:
+    """One conversation, then `count` commits of one small entry each (a few pages of WAL per commit)."""
+    batches = [CommitBatch(seq=start_seq, next_id=2, conversations=[Conversation(id=1)])]
+    for n in range(count):
+        entry = Entry(id=2 + n, conversation_id=1, kind="t.note", data={"text": "x" * 300})
+        batches.append(CommitBatch(seq=start_seq + 1 + n, next_id=3 + n, entries=[entry]))
+    return batches
+
+
+async def test_the_wal_is_checkpointed_in_the_background_not_inside_a_commit(tmp_path: Path) -> None:
+    storage = await SqliteStorage.open(tmp_path / "s.db")
+    database = tmp_path / "s.db"
+    try:
+        # SQLite's own checkpoint sits far above what these commits write, so it cannot be what copies them
+        assert await pragma(storage, "wal_autocheckpoint") >= 10_000
+        empty = database.stat().st_size
+        for batch in entry_batches(400):  # one at a time, as the commit line does
+            await storage.commit([batch])
+        for _ in range(250):  # the checkpoint runs beside the writer; wait for it to land
+            if database.stat().st_size > empty:
+                break
+            await asyncio.sleep(0.02)
+        assert database.stat().st_size > empty  # the entries reached the database file, not just the WAL
+        page = await storage.scan_entries(1, limit=1000)
+        assert sorted(e.id for e in page.items) == list(range(2, 402))
+    finally:
+        await storage.close()
+
+
+async def test_close_waits_for_a_checkpoint_in_flight(tmp_path: Path) -> None:
+    storage = await SqliteStorage.open(tmp_path / "s.db")
+    for batch in entry_batches(200):
+        await storage.commit([batch])  # the 200th commit starts a checkpoint; close follows at once
+    await storage.close()
+    reopened = await SqliteStorage.open(tmp_path / "s.db")
+    try:
+        assert len((await reopened.scan_entries(1, limit=1000)).items) == 200
+    finally:
+        await reopened.close()
