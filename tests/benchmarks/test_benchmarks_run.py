@@ -14,11 +14,10 @@ from benchmarks import BENCHMARKS
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", list(BENCHMARKS))
-def test_benchmark_runs_and_prints_figures(name: str, tmp_path: Path) -> None:
+def run_tiny(name: str, workdir: Path) -> str:
     # The anchors (LangGraph) come with the `bench` extra, which `make test` installs: a missing one fails.
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", name, "--tiny", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", name, "--tiny", "--dir", str(workdir)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -27,3 +26,17 @@ def test_benchmark_runs_and_prints_figures(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"== {name}:" in done.stdout
     assert "[MET ]" in done.stdout or "[MISS]" in done.stdout  # a goal was evaluated on real figures
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name != "intake_latency"])
+def test_benchmark_runs_and_prints_figures(name: str, tmp_path: Path) -> None:
+    run_tiny(name, tmp_path)
+
+
+def test_intake_latency_measures_the_bridge_and_both_slack_paths(tmp_path: Path) -> None:
+    stdout = run_tiny("intake_latency", tmp_path)
+    for path in ("bridge", "slack socket", "slack http"):
+        for load in ("recorded", "mixed"):
+            assert f"{path} {load}: p99" in stdout, (path, load)
+    assert "not acked" not in stdout  # every event reached the bot and was acknowledged

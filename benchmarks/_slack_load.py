@@ -1,0 +1,88 @@
+"""The Slack side of `intake_latency`'s Slack scenario, in its own process: the loopback fake Slack (Web API +
+HTTP Events API) and an open-loop load of user posts, so the bot's process holds only the bot.
+
+    python -m benchmarks._slack_load MODE COUNT RATE CHANNELS MENTION_EVERY
+
+MODE is `http` (the fake POSTs signed Events API requests) or `socket` (Socket Mode envelopes over the bot's
+WebSocket). Speaks JSON lines: prints `{"env": ...}` (what points the Slack adapter at this fake); reads
+`{"url": ...}` (HTTP: the adapter's Request URL; Socket Mode: null, once the bot is connected), posts one warm-up message per channel (from every user in turn), prints `{"warmed": true}`; reads
+`{"go": true}`, posts COUNT messages (message n at n / RATE s on channel n mod CHANNELS, whether or not
+earlier ones were acknowledged; every MENTION_EVERY-th mentions the bot), and prints `{"latencies": [...],
+"failed": ...}`: per event delivered, seconds from the post's scheduled time to the bot's ack (HTTP 200, or
+the envelope ack in Socket Mode). Then it
+keeps serving the Web API (the bot's answers) until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from adapters.slack.testing import FakeSlack
+
+USERS = 40
+
+
+async def read(reader: asyncio.StreamReader) -> dict[str, Any]:
+    line = await reader.readline()
+    if not line:
+        raise SystemExit(0)
+    value: dict[str, Any] = json.loads(line)
+    return value
+
+
+def say(value: dict[str, Any]) -> None:
+    print(json.dumps(value), flush=True)
+
+
+async def main(mode: str, count: int, rate: float, channels: int, mention_every: int) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    async with FakeSlack(mode="socket" if mode == "socket" else "http", ack_timeout=10.0) as fake:
+        places = [fake.add_channel(f"bench-{n}") for n in range(channels)]
+        users = [fake.add_user(f"U{n:03d}", name=f"user{n}") for n in range(USERS)]
+        say({"env": fake.env})
+        url = (await read(reader))["url"]
+        if url is None:
+            await fake.wait_for_connection()
+        else:
+            fake.request_url = str(url)
+        # Each channel's conversation exists and each user's name is cached before the clock starts.
+        for n, place in enumerate(places):
+            await (await fake.user_posts(place, users[n % USERS], f"hello from channel {n}")).wait_acked(30)
+        say({"warmed": True})
+        await read(reader)
+
+        latencies: list[float] = []
+        failed: list[str] = []
+        mention = f"<@{fake.bot_user_id}> "
+
+        async def post(n: int, arrival: float) -> None:
+            text = f"{mention if mention_every and n % mention_every == 0 else ''}message {n}: all fine"
+            sent = await fake.user_posts(places[n % channels], users[n % USERS], text)
+            for delivery in sent.deliveries:
+                attempt = delivery.attempts[0]
+                outcome = await attempt.wait_settled(30)
+                if outcome == "acked" and attempt.acked_at is not None:
+                    latencies.append(attempt.acked_at - arrival)
+                else:
+                    failed.append(f"{delivery.event_type} {n}: {outcome} {attempt.http_status}")
+
+        start = loop.time() + 0.05  # loop.time() is time.monotonic(), the clock of the fake's acked_at
+        async with asyncio.TaskGroup() as group:
+            for n in range(count):
+                arrival = start + n / rate
+                delay = arrival - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                group.create_task(post(n, arrival))
+        say({"latencies": latencies, "failed": failed, "seconds": loop.time() - start})
+        while await reader.readline():  # serve the bot's answers until the parent is done
+            pass
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))
