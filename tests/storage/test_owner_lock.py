@@ -35,15 +35,16 @@ BACKENDS: dict[str, tuple[Opener, str]] = {
 
 # Opens the storage in a separate process and reports what happened on stdout.
 PROBE = """
-import asyncio, sys
+import asyncio, sys, time
 from harness_core.errors import StorageLocked
 from harness_core.storage import JsonlStorage, SqliteStorage
 
 async def main(kind, path):
+    started = time.monotonic()
     try:
         storage = await (SqliteStorage.open(path) if kind == "sqlite" else JsonlStorage.open(path))
     except StorageLocked as exc:
-        print("LOCKED", exc.holder, flush=True)
+        print(f"LOCKED after {time.monotonic() - started:.3f} s:", exc.holder, flush=True)
         return
     print("OPENED", flush=True)
     await storage.close()
@@ -87,6 +88,8 @@ async def test_second_process_is_refused_and_told_who_holds_it(kind: str, tmp_pa
     finally:
         await holder.close()
     assert report.startswith("LOCKED")
+    # refused at once (the lock is tried without waiting), not after SQLite's busy timeout
+    assert float(report.split()[2]) < 1.0, report
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in report
     assert await probe(kind, tmp_path) == "OPENED"
 
