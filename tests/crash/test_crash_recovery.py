@@ -154,14 +154,29 @@ async def test_approval_decision_survives_kill_and_is_never_asked_again(tmp_path
     assert tool_results(await transcript(tmp_path))["deploy"].text() == "deployed api"
 
 
-async def test_durable_timer_survives_restart_and_fires_once(tmp_path: Path) -> None:
-    armed = await run_worker(tmp_path, "timer", {"action": "start_timer", "delay_ms": 1500}, kill_on="armed")
-    assert armed.killed
+@pytest.mark.parametrize(
+    ("kind", "kill_on"), [("test.timer", "waiting"), ("test.nap", "sleeping")], ids=["wait-deadline", "sleep"]
+)
+async def test_a_timer_killed_while_it_waits_fires_once_and_not_early(
+    tmp_path: Path, kind: str, kill_on: str
+) -> None:
+    started = await run_worker(
+        tmp_path, "timer", {"action": "start_timer", "delay_ms": 1500, "kind": kind}, kill_on=kill_on
+    )
+    assert started.killed
+    until = started.event("armed")["until"]
+    storage = await SqliteStorage.open(tmp_path / "agent.sqlite")
+    (task,) = (await storage.scan_tasks(kind=kind)).items
+    await storage.close()
+    if kind == "test.timer":  # killed with the wait committed: nothing runs, the deadline is stored
+        assert (task.state.status, task.state.deadline) == ("waiting", until)
+    else:  # killed inside its phase, which holds `until` in its input
+        assert task.state.status == "running"
     fired = await run_worker(tmp_path, "timer", {"action": "resume"})
     assert fired.event("idle")
     again = await run_worker(tmp_path, "timer", {"action": "resume"})
     assert again.event("idle")
-    assert [line for line in ledger(tmp_path) if line.startswith("fired")].__len__() == 1
+    assert [line for line in ledger(tmp_path) if line.startswith("fired")] == [f"fired {kind} early_by_ms=0"]
 
 
 async def test_subagent_killed_mid_child_run_continues_the_same_child(tmp_path: Path) -> None:

@@ -265,20 +265,36 @@ def approval() -> tuple[list[Any], Any, list[Any]]:
 
 
 def timer() -> tuple[list[Any], Any, list[Any]]:
-    """A task that waits durably until a deadline, then records that it fired."""
+    """Two timers that must survive a kill while they wait: `test.timer` waits durably (`Wait(deadline=...)`,
+    holding nothing), `test.nap` sleeps inside its phase (`runtime.sleep(until)` with `until` from its input,
+    so a restarted phase sleeps only what is left). Each records when it fired."""
 
     async def arm(task: Task, runtime: TaskRuntime) -> None:
         until = int(task.input["until"])
         await runtime.commit(lambda _tx, _t: Wait(checkpoint={"phase": "fire"}, deadline=until))
+        emit("waiting", task_id=task.id)
 
     async def fire(task: Task, runtime: TaskRuntime) -> None:
-        ledger(f"fired late_by_ms={max(0, runtime.now() - int(task.input['until']))}")
+        ledger(f"fired {task.kind} early_by_ms={max(0, int(task.input['until']) - runtime.now())}")
         await runtime.commit(lambda _tx, _t: Complete("fired"))
+
+    async def nap(task: Task, runtime: TaskRuntime) -> None:
+        emit("sleeping", task_id=task.id)
+        await runtime.sleep(int(task.input["until"]))
+        await fire(task, runtime)
 
     return (
         [],
         None,
-        [Extension("timer", tasks=[define_task("test.timer", phases={"arm": arm, "fire": fire})])],
+        [
+            Extension(
+                "timer",
+                tasks=[
+                    define_task("test.timer", phases={"arm": arm, "fire": fire}),
+                    define_task("test.nap", phases={"nap": nap}),
+                ],
+            )
+        ],
     )
 
 
@@ -393,9 +409,8 @@ async def main() -> None:
         until = harness.now() + int(OPTIONS["delay_ms"])
 
         async def create(tx: Tx) -> int:
-            return (
-                await harness.create_task_in(tx, "test.timer", {"until": until}, conversation_id=root.id)
-            ).id
+            kind = str(OPTIONS.get("kind", "test.timer"))
+            return (await harness.create_task_in(tx, kind, {"until": until}, conversation_id=root.id)).id
 
         task_id = await harness.commit(create)
         emit("armed", task_id=task_id, until=until)
