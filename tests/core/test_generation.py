@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 from harness_core import (
@@ -64,6 +65,49 @@ async def test_retryable_error_is_retried_durably_then_succeeds() -> None:
     assert [m.stop_reason for m in stored] == ["error", "error", "stop"]
     # Error attempts are kept but never sent back to the model.
     assert all(not any(isinstance(m, AssistantMessage) for m in r.messages) for r in faux.requests)
+    await harness.close()
+
+
+def test_retry_backoff_doubles_from_the_base_and_is_capped() -> None:
+    policy = RetrySettings(base_delay_ms=2_000, max_delay_ms=60_000)
+    assert [policy.delay_ms(n, None) for n in range(1, 8)] == [
+        2_000,
+        4_000,
+        8_000,
+        16_000,
+        32_000,
+        60_000,
+        60_000,
+    ]
+    assert policy.delay_ms(1, 7_500) == 7_500  # the provider's retry-after wins over the backoff
+    assert policy.delay_ms(2, 600_000) == 60_000  # but never past the cap
+
+
+async def test_each_durable_retry_is_scheduled_by_the_backoff() -> None:
+    clock = 1_000_000  # a frozen harness clock: each retry's `at` is exactly now + its delay
+    harness, _ = await open_harness(
+        responses=[faux_error("overloaded", retryable=True)] * 3,
+        responder=lambda _r: faux_assistant("finally"),
+        settings=HarnessSettings(retry=RetrySettings(base_delay_ms=4, max_delay_ms=10)),
+        now=lambda: clock,
+    )
+    root = await harness.root(agent=FAUX)
+    scheduled: list[int] = []
+
+    def capture(publication: Any) -> None:
+        for doc in publication.docs:
+            retry = (
+                ((doc.value or {}).get("generation") or {}).get("retry")
+                if doc.record.kind == "core.live"
+                else None
+            )
+            if retry and (not scheduled or scheduled[-1] != retry["at"]):
+                scheduled.append(retry["at"])
+
+    harness.add_publication_listener(capture)
+    settled = await (await root.submit(Input("hi"))).wait()
+    assert settled.status == "done"
+    assert [at - clock for at in scheduled] == [4, 8, 10]  # doubling, then the cap
     await harness.close()
 
 
@@ -269,14 +313,15 @@ async def test_before_request_replaces_messages_for_one_request_only() -> None:
     await harness.close()
 
 
-async def test_partials_are_committed_while_streaming() -> None:
+async def test_partials_are_committed_while_streaming_at_most_every_interval() -> None:
     harness, faux = await open_harness(
         responder=lambda _r: faux_assistant("a fairly long streamed answer " * 4)
     )
     faux.chunk_size = 4
-    faux.delay_ms = 10  # about 0.3 s of streaming: several partial intervals
+    faux.delay_ms = 10  # 31 chunks over about 0.3 s: several partial intervals
     root = await harness.root(agent=FAUX)
     partials: list[str] = []
+    times: list[float] = []
 
     def capture(publication: Any) -> None:
         for doc in publication.docs:
@@ -286,12 +331,17 @@ async def test_partials_are_committed_while_streaming() -> None:
                 and doc.value.get("generation", {}).get("message")
             ):
                 content = doc.value["generation"]["message"]["content"]
-                partials.append("".join(p.get("text", "") for p in content))
+                text = "".join(p.get("text", "") for p in content)
+                if not partials or text != partials[-1]:
+                    partials.append(text)
+                    times.append(time.monotonic())
 
     harness.add_publication_listener(capture)
     await (await root.submit(Input("talk"))).wait()
     assert len(partials) >= 2
     assert all(len(a) <= len(b) for a, b in itertools.pairwise(partials))
+    # Throttled to the 100 ms partial interval, not one commit per chunk (a small allowance for timer jitter).
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.09
     assert (await harness.snapshot(LiveDoc, root.id)).get("generation") is None
     await harness.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from harness_core import EntryDraft, Input, Tx, tool, watch_events
+from harness_core import EntryDraft, Extension, Input, ToolApi, Tx, define_task, tool, watch_events
 from harness_core.messages import ToolResultMessage
 from harness_core.models import ModelRequest
 from harness_core.models.faux import faux_assistant, faux_text, faux_tool_call
@@ -166,4 +166,94 @@ async def test_inspect_reports_waiting_and_submissions() -> None:
     assert [s.id for s in inspection.submissions] == [run.id, queued.id]
     gate.set()
     await queued.wait()
+    await harness.close()
+
+
+async def collect_events(harness: Any, conversation_id: int, act: Any, until: Any) -> list[dict[str, Any]]:
+    """Events from a fresh watch while `act()` runs, until `until(events)` holds."""
+    events: list[dict[str, Any]] = []
+    async with watch_events(harness, conversation_id) as stream:
+        iterator = stream.__aiter__()
+        await anext(iterator)  # the snapshot
+        await act()
+        while not until(events):
+            events.extend((await asyncio.wait_for(anext(iterator), 5)).events)
+    return events
+
+
+async def test_streaming_text_and_tool_output_arrive_as_update_events() -> None:
+    @tool
+    async def tail_log(service: str, api: ToolApi) -> str:
+        """Tail a service's log."""
+        api.output(f"{service}: starting\n")
+        await asyncio.sleep(0.25)  # longer than the output interval: the first line is committed alone
+        api.output(f"{service}: ready\n")
+        return "tailed"
+
+    def respond(request: ModelRequest) -> Any:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant([faux_text("the service came up cleanly after a slow start " * 3)])
+        return faux_assistant([faux_tool_call("tail_log", {"service": "api"}, id="t1")])
+
+    harness, faux = await open_harness(tools=[tail_log], responder=respond)
+    faux.chunk_size = 5
+    faux.delay_ms = 20  # ~0.6 s of streaming: several committed partials
+    root = await harness.root(agent=FAUX)
+    events = await collect_events(
+        harness,
+        root.id,
+        lambda: root.submit(Input("tail it")),
+        lambda es: any(e["type"] == "run_end" for e in es),
+    )
+    outputs = [e["output"] for e in events if e["type"] == "tool_execution_update"]
+    assert outputs and outputs[0] == "api: starting\n"
+    deltas = [e["delta"] for e in events if e["type"] == "message_update"]
+    assert len(deltas) >= 2 and all(deltas)
+    final = [e for e in events if e["type"] == "message_end" and e["entry"]["kind"] == "core.assistant"][-1]
+    assert "".join(deltas) in str(final["entry"])  # the deltas are pieces of the final text, in order
+    await harness.close()
+
+
+async def test_queued_input_shows_as_inbox_update_and_a_faulted_task_as_task_failed() -> None:
+    release = asyncio.Event()
+
+    @tool
+    async def wait_here() -> str:
+        """Wait."""
+        await release.wait()
+        return "done"
+
+    def respond(request: ModelRequest) -> Any:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant("ok")
+        return faux_assistant([faux_tool_call("wait_here", {}, id="w1")])
+
+    lazy = define_task("test.lazy-observed", phases={"start": lambda _t, _r: asyncio.sleep(0)})
+    harness, _ = await open_harness(
+        tools=[wait_here], responder=respond, extensions=[Extension("lazy", tasks=[lazy])]
+    )
+    root = await harness.root(agent=FAUX)
+    await root.submit(Input("first"))
+
+    async def act() -> None:
+        await root.submit(Input("second, while busy"))  # queued as a follow-up
+        await harness.commit(
+            lambda tx: harness.create_task_in(tx, "test.lazy-observed", conversation_id=root.id)
+        )
+
+    events = await collect_events(
+        harness,
+        root.id,
+        act,
+        lambda es: (
+            any(e["type"] == "inbox_update" and e["items"] for e in es)
+            and any(e["type"] == "task_failed" for e in es)
+        ),
+    )
+    inbox = next(e for e in events if e["type"] == "inbox_update" and e["items"])
+    assert [item["mode"] for item in inbox["items"]] == ["followUp"]
+    failed = next(e for e in events if e["type"] == "task_failed")
+    assert failed["kind"] == "test.lazy-observed" and "progress" in (failed["message"] or "")
+    release.set()
+    await harness.wait_for_idle()
     await harness.close()

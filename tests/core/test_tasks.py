@@ -510,3 +510,45 @@ async def test_a_wake_does_not_cut_short_a_wait_on_tasks() -> None:
     await asyncio.sleep(0.05)
     assert (await harness.get_task(task_id)).state.status == "waiting"  # type: ignore[union-attr]
     await harness.close()
+
+
+async def hold_until_woken(_task: Task, runtime: TaskRuntime) -> None:
+    later = runtime.now() + 3_600_000  # holds for an hour unless aborted
+    await runtime.commit(lambda _tx, _t: Wait(checkpoint={"phase": "done"}, deadline=later))
+
+
+async def finish(_task: Task, runtime: TaskRuntime) -> None:
+    await runtime.commit(lambda _tx, _t: Complete("finished"))
+
+
+Holder = define_task("test.holder", phases={"hold": hold_until_woken, "done": finish})
+
+
+async def test_background_tasks_are_boundaries_for_idle_and_abort() -> None:
+    registry = Registry()
+    registry.install(Extension("holder", tasks=[Holder]))
+    harness = await Harness.open(await MemoryStorage.open(), registry=registry)
+    root = await harness.root()
+
+    async def create(tx: Tx) -> tuple[int, int]:
+        chore = await harness.create_task_in(tx, "test.holder", conversation_id=root.id, background=True)
+        work = await harness.create_task_in(tx, "test.holder", conversation_id=root.id)
+        return chore.id, work.id
+
+    chore, work = await harness.commit(create)
+    harness.resume()
+    await task_reaches(harness, chore, "waiting")
+    await task_reaches(harness, work, "waiting")
+    idle = asyncio.ensure_future(root.wait_for_idle())
+    await asyncio.sleep(0.05)
+    assert not idle.done()  # the ordinary task keeps the conversation busy
+
+    await root.abort()  # aborts the conversation's ordinary work only
+    await asyncio.wait_for(idle, 5)  # idle although the background task is still live
+    assert (await harness.get_task(work)).state.outcome.status == "aborted"  # type: ignore[union-attr]
+    background = await harness.get_task(chore)
+    assert background is not None and background.state.status == "waiting" and not background.abort_requested
+
+    await root.abort(background=True)  # asked for explicitly, it goes too
+    assert (await harness.get_task(chore)).state.outcome.status == "aborted"  # type: ignore[union-attr]
+    await harness.close()
