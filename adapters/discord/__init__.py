@@ -7,7 +7,8 @@ fake in ``adapters.discord.testing``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from adapters.discord._adapter import DiscordAdapter, DiscordStartError, MessageContentNotEnabled
@@ -29,7 +30,10 @@ __all__ = [
 ]
 
 
-def create(options: Mapping[str, Any], env: Mapping[str, str]) -> DiscordAdapter:
+def create(
+    options: Mapping[str, Any], env: Mapping[str, str], *, clock: Callable[[], float] = time.time
+) -> DiscordAdapter:
     """The adapter for the ``[adapters.discord]`` table ``options``; secrets and endpoints from ``env``.
-    Raises `DiscordConfigError` (a ValueError naming the key) for invalid options or a missing token."""
-    return DiscordAdapter(load_settings(options, env))
+    ``clock`` (Unix seconds) dates messages for the edit age limit. Raises `DiscordConfigError` (a ValueError
+    naming the key) for invalid options or a missing token."""
+    return DiscordAdapter(load_settings(options, env), clock=clock)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import discord
@@ -75,8 +77,9 @@ class _Client(discord.Client):
 class DiscordAdapter:
     name = "discord"
 
-    def __init__(self, settings: DiscordSettings) -> None:
+    def __init__(self, settings: DiscordSettings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock  # Unix seconds, for the age of messages; tests pass the fake Discord's clock
         self.bridge: Bridge | None = None
         self.client: _Client | None = None
         self.transport: DiscordTransport | None = None
@@ -123,6 +126,8 @@ class DiscordAdapter:
             edit_interval=options.edit_interval,
             find_scan_limit=options.find_scan_limit,
             catch_up_limit=options.catch_up_limit,
+            edit_age_limit=options.edit_age_limit,
+            clock=self.clock,
         )
         try:
             try:

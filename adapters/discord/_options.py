@@ -35,6 +35,11 @@ class DiscordOptions(BaseModel):
     run on mentions, replies to the bot and DMs only (the only messages whose text Discord then delivers)."""
     catch_up_limit: int = Field(1000, ge=0, le=100_000)
     """At most this many missed messages are read per channel or thread at startup."""
+    edit_age_limit: float = Field(3300.0, gt=0, le=3600)
+    """Seconds after which a message (aged by the time in its id) is no longer edited: a streaming answer
+    continues in a new message, a decided approval is announced in a reply. Discord refuses edits of messages
+    older than an hour after an undocumented number of them (30046); the margin below the hour covers a
+    clock that differs from Discord's."""
     find_scan_limit: int = Field(100, ge=1, le=1000)
     """How many recent messages of a channel are scanned for a post whose id a crash kept from being recorded."""
     guild_ready_timeout: float = Field(2.0, ge=0, le=60)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -44,12 +45,18 @@ UNKNOWN_CHANNEL = 10003
 THREAD_ALREADY_CREATED = 160004
 PERMANENT_PAUSE = 60.0  # how long the bridge waits before retrying a call Discord refuses for good (403/404)
 THREAD_NAME_CHARS = 80
+DISCORD_EPOCH_MS = 1_420_070_400_000  # 2015-01-01T00:00:00Z, the epoch of Discord's snowflake ids
 NO_MENTIONS = discord.AllowedMentions.none()  # model output must never ping @everyone or users
 
 
 def channel_id_of(place: Place) -> int:
     """The Discord channel a place's messages live in: the thread when there is one (a thread is a channel)."""
     return int(place.thread if place.thread is not None else place.channel)
+
+
+def message_age(message_id: int, now: float) -> float:
+    """Seconds since `message_id` was created, by the millisecond timestamp in its top 42 bits."""
+    return now - ((message_id >> 22) + DISCORD_EPOCH_MS) / 1000
 
 
 def map_error(error: discord.HTTPException, what: str) -> TransportError:
@@ -79,12 +86,16 @@ class DiscordTransport:
         edit_interval: float,
         find_scan_limit: int,
         catch_up_limit: int,
+        edit_age_limit: float,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.converter = converter
         self.edit_interval = edit_interval
         self.find_scan_limit = find_scan_limit
         self.catch_up_limit = catch_up_limit
+        self.edit_age_limit = edit_age_limit
+        self.clock = clock  # Unix seconds; tests pass the fake Discord's clock
         self.logged_in = False
 
     # --- plumbing -----------------------------------------------------------------------------------------
@@ -134,6 +145,16 @@ class DiscordTransport:
             if not (isinstance(cause, discord.HTTPException) and cause.code == THREAD_ALREADY_CREATED):
                 raise
 
+    def _check_editable(self, message_id: int, what: str) -> None:
+        """Raise `EditExpired` for a message too old to edit, without asking Discord. Discord accepts only an
+        undocumented number of edits of messages older than an hour before refusing with 30046; each doomed
+        edit would spend that budget and delay the bridge's continuation."""
+        age = message_age(message_id, self.clock())
+        if age > self.edit_age_limit:
+            raise EditExpired(
+                f"discord {what}: message {message_id} is {age:.0f}s old (limit {self.edit_age_limit:g}s)"
+            )
+
     def _bot_id(self) -> int:
         user = self.client.user
         if user is None:
@@ -173,6 +194,7 @@ class DiscordTransport:
         )
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
+        self._check_editable(int(message_id), "edit")
         partial = self._channel(target).get_partial_message(int(message_id))
         await self._guard("edit", partial.edit(content=text, allowed_mentions=NO_MENTIONS))
 
@@ -205,6 +227,7 @@ class DiscordTransport:
         # The message id is recorded by now, so the decided message needs no marker.
         embed = approval_embed(gate, f"request {gate.gate_id} · {gate.status}")
         try:
+            self._check_editable(int(message_id), "update approval")
             await self._guard(
                 "update approval",
                 channel.get_partial_message(int(message_id)).edit(
@@ -212,7 +235,7 @@ class DiscordTransport:
                 ),
             )
         except (EditExpired, MessageGone) as error:
-            # An old gate (Discord limits edits of messages older than an hour) or a deleted one: say the
+            # An old gate (too old by its id, or Discord answered 30046 anyway) or a deleted one: say the
             # decision in a reply instead. Clicks on the stale buttons are answered "already decided".
             log.info(
                 "approval %s: cannot edit message %s (%s); replying instead", gate.gate_id, message_id, error

@@ -541,7 +541,9 @@ class FakeDiscord:
 
     def age_message(self, message: MessageRef, seconds: float) -> FakeMessage:
         """Pretend ``message`` was created ``seconds`` earlier (its id is unchanged). For the 1-hour edit rule
-        without moving the whole clock."""
+        without moving the whole clock. A client that dates messages by their id (the adapter does) still sees
+        it as fresh: this models Discord's clock disagreeing with the bot's. To age a message for both, advance
+        :attr:`clock` and give the client that clock."""
         msg = self.message(message)
         msg.created_at -= seconds
         return msg

@@ -54,6 +54,7 @@ from harness_core.storage import MemoryStorage
 pytestmark = pytest.mark.timeout(60)
 
 MESSAGES_ROUTE = "/channels/{channel_id}/messages"
+MESSAGE_ROUTE = "/channels/{channel_id}/messages/{message_id}"
 MODEL = AgentChange(model=ModelRef(provider="faux", model_id="faux-1"))
 FAST = {"edit_interval": 0.05, "guild_ready_timeout": 0.05}
 
@@ -150,7 +151,8 @@ async def rig_factory(fake: FakeDiscord, world: World) -> AsyncIterator[Callable
 
         registry.install(bridge.extension())
         registry.install(Extension("ops", tools=[deploy]))
-        adapter = create({**FAST, **(options or {})}, fake.env())
+        # The fake's clock dates messages, so advancing it ages them for Discord and the adapter alike.
+        adapter = create({**FAST, **(options or {})}, fake.env(), clock=fake.clock.now)
         rig = Rig(harness, bridge, adapter, faux, deploys)
         rigs.append(rig)
         await bridge.start()
@@ -187,6 +189,8 @@ def test_create_validates_options_by_key_and_takes_secrets_only_from_the_environ
         create({"token": "in the file"}, env)  # secrets are refused in the TOML table
     with pytest.raises(DiscordConfigError, match=r"adapters\.discord\.max_ratelimit_timeout"):
         create({"max_ratelimit_timeout": 5}, env)  # discord.py's floor is 30 s
+    with pytest.raises(DiscordConfigError, match=r"adapters\.discord\.edit_age_limit"):
+        create({"edit_age_limit": 4000}, env)  # Discord refuses edits of messages older than an hour
     with pytest.raises(DiscordConfigError, match="DISCORD_BOT_TOKEN is not set"):
         create({}, {"DISCORD_BOT_TOKEN": "  "})
     with pytest.raises(DiscordConfigError, match="DISCORD_API_URL must be an http"):
@@ -347,21 +351,56 @@ async def test_platform_errors_map_to_what_the_bridge_does_next(
     assert await transport.create(world.place, "later", "reply:3#0")  # the rate limit has passed
 
 
+def patches_of(fake: FakeDiscord, message_id: int | str) -> list[Any]:
+    return [r for r in fake.calls("PATCH", MESSAGE_ROUTE) if r.params["message_id"] == str(message_id)]
+
+
+async def test_messages_older_than_the_age_limit_are_not_edited_at_all(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    # Discord would still accept a few edits of old messages: only the adapter's own check keeps them off.
+    fake.old_message_edit_limit = 100
+    rig = await rig_factory()
+    transport = rig.transport
+    posted = await transport.create(world.place, "streaming …", "reply:1#0")
+    fake.clock.advance(54 * 60)
+    await transport.edit(world.place, posted, "streaming … more …", "reply:1#0", final=False)
+    assert len(patches_of(fake, posted)) == 1  # younger than the limit (55 minutes): edited
+    fake.clock.advance(2 * 60)  # 56 minutes: Discord would still take it, but the hour is too close
+    with pytest.raises(EditExpired):
+        await transport.edit(world.place, posted, "the final answer", "reply:1#0", final=True)
+    assert len(patches_of(fake, posted)) == 1  # the doomed edit was never sent
+    assert fake.message(int(posted)).content == "streaming … more …"
+
+
 async def test_deciding_an_old_gate_replies_when_the_request_can_no_longer_be_edited(
     fake: FakeDiscord, world: World, rig_factory: Any
 ) -> None:
+    fake.old_message_edit_limit = 100  # Discord would accept the edit: the adapter must not try it
     rig = await rig_factory()
     gate = GateView(7, "deploy", {"service": "api"}, None, "Alice", "pending", None, None, 2_000_000_000_000)
     posted = await rig.transport.post_approval(world.place, gate, "approval:7")
     message = fake.message(int(posted))
     assert message.custom_ids() == ["durable-bots:approve:7", "durable-bots:deny:7"]
     assert await rig.transport.find(world.place, "approval:7") == posted
-    fake.age_message(message, 7200)  # a gate decided two hours later
+    fake.clock.advance(7200)  # a gate decided two hours later
     decided = GateView(7, "deploy", {"service": "api"}, None, "Alice", "approved", "Carol", 1, 2)
     await rig.transport.update_approval(world.place, posted, decided)
     reply = world.answers()[-1]
     assert reply.reply_to == message.id and reply.content.startswith("✅ `deploy` **approved** by Carol")
     assert message.custom_ids()  # the stale buttons stay; a click on them is answered "already decided"
+    assert patches_of(fake, posted) == []  # replied straight away, without a doomed edit
+
+    # Discord's clock may call a message old that ours does not: its 30046 also turns into a reply.
+    fake.old_message_edit_limit = 0
+    gate = GateView(8, "deploy", {"service": "db"}, None, "Alice", "pending", None, None, 2_000_000_000_000)
+    posted = await rig.transport.post_approval(world.place, gate, "approval:8")
+    fake.age_message(int(posted), 3601)
+    decided = GateView(8, "deploy", {"service": "db"}, None, "Alice", "denied", "Carol", 1, 2)
+    await rig.transport.update_approval(world.place, posted, decided)
+    assert [r.status for r in patches_of(fake, posted)] == [400]
+    reply = world.answers()[-1]
+    assert reply.reply_to == int(posted) and reply.content.startswith("❌ `deploy` **denied** by Carol")
 
 
 # --- approvals ----------------------------------------------------------------------------------------------
@@ -464,6 +503,26 @@ async def test_an_edit_refused_for_age_continues_the_answer_in_a_new_message(
     first, second = world.answers()
     assert first.content.endswith("…")  # keeps what it showed when Discord refused the edit (30046)
     assert second.content == "re Alice: a slow answer" + pad
+
+
+async def test_an_answer_streaming_past_the_age_limit_continues_without_editing_the_old_message(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    fake.old_message_edit_limit = (
+        100  # Discord would accept these edits: only the adapter's check avoids them
+    )
+    pad = " more" * 60
+    await rig_factory(
+        responder=lambda r: faux_assistant(f"re {user_lines(r)[-1]}{pad}"), chunk_size=20, delay_ms=10
+    )
+    # Right after the first part is stored, an hour passes (for Discord and the adapter alike).
+    fake.on_request("POST", MESSAGES_ROUTE, lambda _: fake.clock.advance(3601), when="after_effect", times=1)
+    await fake.user_sends(world.general, world.alice, "a slow answer")
+    await final(fake, world.general, "re Alice: a slow answer" + pad)
+    first, second = world.answers()
+    assert first.content.endswith("…")  # keeps the partial it showed
+    assert second.content == "re Alice: a slow answer" + pad
+    assert patches_of(fake, first.id) == []  # not one PATCH of the old message
 
 
 async def test_catch_up_reads_at_most_the_limit_and_keeps_the_newest(
