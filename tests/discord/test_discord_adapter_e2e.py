@@ -273,11 +273,13 @@ async def test_long_answer_is_split_at_2000_with_code_fences_intact_through_429_
         (200, False, True),
     ]
     assert posts[0].json["nonce"] == posts[1].json["nonce"] == posts[2].json["nonce"]
+    assert posts[1].at - posts[0].at >= 0.05  # the retry waited retry_after after the 429
     assert limited.calls == failed.calls == edit_limited.calls == 1
     assert len([p for p in posts if p.effect]) == 3
     patches = fake.calls("PATCH", MESSAGE_ROUTE)
     assert patches[0].status == 429 and patches[1].status == 200
     assert patches[1].json == patches[0].json  # the rate-limited edit was sent again, not dropped
+    assert patches[1].at - patches[0].at >= 0.05  # ... no sooner than retry_after
 
 
 async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_restart(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -291,14 +292,17 @@ async def test_server_error_after_the_message_was_stored_is_retried_without_dupl
 async def test_429_with_retry_after_is_honoured_and_nothing_is_applied_until_the_retry(
     fake: FakeDiscord, world: World
 ) -> None:
-    hook = fake.rate_limit("POST", MESSAGES_ROUTE, times=2, retry_after=0.05)
+    hook = fake.rate_limit("POST", MESSAGES_ROUTE, times=2, retry_after=0.2)
     async with running(Bot(intents=intents()), fake.token) as bot:
         sent = await text_channel(bot, world.general).send("after the rate limit")
         posts = fake.calls("POST", MESSAGES_ROUTE)
         assert [p.status for p in posts] == [429, 429, 200]
         assert [p.effect for p in posts] == [False, False, True]
         assert hook.calls == 2 and not hook.active
-        assert posts[0].response["retry_after"] == 0.05
+        assert posts[0].response["retry_after"] == 0.2
+        # Honoured: each retry arrives no sooner than retry_after after the request that got the 429.
+        gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(posts)]
+        assert min(gaps) >= 0.2, gaps
         assert [m.id for m in fake.bot_messages(world.general)] == [sent.id]
 
 
