@@ -31,7 +31,11 @@ async def addressed(tx: Tx, bridge: Bridge, message: IncomingMessage) -> bool:
     policy = bridge.config.policy(message.place)
     if message.is_dm:
         return bridge.config.answer_dms
-    if policy.answer == "all" or (policy.answer == "mentions" and message.mentions_bot):
+    if policy.answer == "all":
+        return True
+    if policy.answer != "mentions":  # "none": silent everywhere in the channel, threads the bot is in too
+        return False
+    if message.mentions_bot:
         return True
     if message.place.thread is not None:
         # A thread the bot is part of (it answered there, or the thread hangs off its answer) needs no mention.
