@@ -45,6 +45,7 @@ from adapters.bridge import (
     IncomingMessage,
     MessageGone,
     Place,
+    PlaceDoc,
     RateGovernor,
     RetryLater,
     TransportError,
@@ -66,6 +67,7 @@ TYPING = " …"
 PLACEHOLDER = "…"
 _PAGE = 200
 _CREATED_MEMORY = 10_000
+_PATIENCE = 3  # rate limits a catch-up read waits out (Retry-After) before its place is given up
 
 
 def reply_metadata(key: str) -> dict[str, Any]:
@@ -359,43 +361,18 @@ class SlackTransport:
     async def _recorded_ids(self) -> set[str]:
         return set() if self.bridge is None else await self.bridge.recorded_message_ids()
 
-    async def _recent(self, target: Place, limit: int, oldest: str | None = None) -> list[dict[str, Any]]:
+    async def _recent(
+        self, target: Place, limit: int, oldest: str | None = None, *, patience: int = 0
+    ) -> list[dict[str, Any]]:
         """Messages of a channel (top level, newest first) or of a thread (replies, oldest first, without the
-        parent), with metadata, up to `limit`."""
+        parent), with metadata, up to `limit`. `patience`: how many rate limits to wait out per page (catch-up
+        has no caller that would retry it; delivery does)."""
         messages: list[dict[str, Any]] = []
         cursor: str | None = None
         while len(messages) < limit:
-            page = min(_PAGE, limit - len(messages))
-            if target.thread is not None:
-                try:
-                    data = await call(
-                        "conversations.replies",
-                        self.client.conversations_replies(
-                            channel=target.channel,
-                            ts=target.thread,
-                            include_all_metadata=True,
-                            limit=page,
-                            cursor=cursor,
-                            oldest=oldest,
-                        ),
-                        self.governor,
-                    )
-                except SlackCallError as exc:
-                    if exc.error == "thread_not_found":
-                        return []
-                    raise
-            else:
-                data = await call(
-                    "conversations.history",
-                    self.client.conversations_history(
-                        channel=target.channel,
-                        include_all_metadata=True,
-                        limit=page,
-                        cursor=cursor,
-                        oldest=oldest,
-                    ),
-                    self.governor,
-                )
+            data = await self._page(target, min(_PAGE, limit - len(messages)), cursor, oldest, patience)
+            if data is None:
+                return []
             for message in data.get("messages") or []:
                 if isinstance(message, dict) and message.get("ts") != target.thread:
                     messages.append(message)
@@ -403,6 +380,48 @@ class SlackTransport:
             if not cursor or not data.get("has_more", True):
                 break
         return messages
+
+    async def _page(
+        self, target: Place, limit: int, cursor: str | None, oldest: str | None, patience: int
+    ) -> dict[str, Any] | None:
+        """One page of `conversations.replies` / `history`; None if the thread is gone."""
+        waited = 0
+        while True:
+            if patience:
+                await self.governor.acquire("catch-up", interval=0.0)  # sits out a Retry-After back-off
+            try:
+                if target.thread is None:
+                    return await call(
+                        "conversations.history",
+                        self.client.conversations_history(
+                            channel=target.channel,
+                            include_all_metadata=True,
+                            limit=limit,
+                            cursor=cursor,
+                            oldest=oldest,
+                        ),
+                        self.governor,
+                    )
+                return await call(
+                    "conversations.replies",
+                    self.client.conversations_replies(
+                        channel=target.channel,
+                        ts=target.thread,
+                        include_all_metadata=True,
+                        limit=limit,
+                        cursor=cursor,
+                        oldest=oldest,
+                    ),
+                    self.governor,
+                )
+            except RetryLater:
+                if waited >= patience:
+                    raise
+                waited += 1  # `call` told the governor to back off; the acquire above waits it out
+            except SlackCallError as exc:
+                if target.thread is not None and exc.error == "thread_not_found":
+                    return None
+                raise
 
     # --- approvals ----------------------------------------------------------------------------------------------
 
@@ -462,12 +481,38 @@ class SlackTransport:
         )
 
     async def history(self, place: Place, after: str | None) -> list[IncomingMessage]:
-        """Human messages in `place` newer than `after`, oldest first (startup catch-up)."""
+        """Human messages in `place` newer than `after`, oldest first (startup catch-up).
+
+        For a channel this also returns the replies, newer than `after`, in threads the bridge does not know
+        yet: a thread opened while the bot was down (under its answer, or under any message, however old) is
+        seen only through its parent's `latest_reply` in channel history. Those messages carry the thread's
+        place, so intake forks the thread as it does live. Known threads are caught up by the bridge itself."""
         self._check_open()
         if after is None or place.workspace != self.team_id:
             return []
+        limit = self.options.catch_up_limit
+        if place.thread is not None:
+            found = self._humans(place, await self._recent(place, limit, after, patience=_PATIENCE), after)
+        else:
+            # No `oldest`: a new thread may hang off a message older than `after`. Newest first, so the same
+            # top-level messages come back as with `oldest` whenever more than `limit` are new.
+            items = await self._recent(place, limit, patience=_PATIENCE)
+            found = self._humans(place, items, after)
+            for thread in await self._new_threads(place, items, after):
+                try:
+                    replies = await self._recent(thread, limit, after, patience=_PATIENCE)
+                except (TransportError, SlackPermanentError) as exc:  # one unreadable thread, not the channel
+                    log.warning("catch-up of %s failed: %s", thread.key, exc)
+                    continue
+                found.extend(self._humans(thread, replies, after))
+        unique = {m.ts: m for m in found}  # a thread_broadcast is both in the channel and in its thread
+        is_dm = await self.directory.is_dm(place.channel)
+        ordered = sorted(unique.values(), key=lambda m: ts_order(m.ts))
+        return [await self.incoming(m, is_dm=is_dm) for m in ordered]
+
+    def _humans(self, place: Place, items: list[dict[str, Any]], after: str) -> list[HumanMessage]:
         found: list[HumanMessage] = []
-        for item in await self._recent(place, self.options.catch_up_limit, oldest=after):
+        for item in items:
             if ts_order(str(item.get("ts"))) <= ts_order(after):
                 continue
             try:
@@ -479,6 +524,35 @@ class SlackTransport:
                 continue
             if human is not None:
                 found.append(human)
-        found.sort(key=lambda m: ts_order(m.ts))
-        is_dm = await self.directory.is_dm(place.channel)
-        return [await self.incoming(m, is_dm=is_dm) for m in found]
+        return found
+
+    async def _new_threads(self, place: Place, items: list[dict[str, Any]], after: str) -> list[Place]:
+        """Threads under `items` (channel history) with replies newer than `after` that the bridge does not
+        know, oldest parent first; a thread where only this bot replied is skipped (nothing to take in)."""
+        threads: list[Place] = []
+        for item in sorted(items, key=lambda m: ts_order(str(m.get("ts")))):
+            parent = item.get("ts")
+            latest = item.get("latest_reply")
+            if not isinstance(parent, str) or item.get("thread_ts") != parent or not item.get("reply_count"):
+                continue  # not a thread parent (replies and broadcasts carry their parent's thread_ts)
+            if not isinstance(latest, str) or ts_order(latest) <= ts_order(after):
+                continue
+            users = item.get("reply_users")
+            if (
+                isinstance(users, list)
+                and users
+                and all(u == self.bot_user_id for u in users)
+                and item.get("reply_users_count") == len(users)
+            ):
+                continue
+            thread = place.in_thread(parent)
+            if not await self._known(thread):
+                threads.append(thread)
+        return threads
+
+    async def _known(self, place: Place) -> bool:
+        """The bridge has a conversation for `place` (then it is in the bridge's own catch-up)."""
+        if self.bridge is None:
+            return False
+        doc = await self.bridge.harness.snapshot(PlaceDoc, key=place.key)
+        return bool(doc and doc.get("conversation_id") is not None)

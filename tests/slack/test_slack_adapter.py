@@ -208,6 +208,59 @@ async def test_messages_posted_while_the_bot_was_down_are_caught_up_from_history
     assert any(c.args.get("oldest") for c in reads)
 
 
+async def test_new_threads_opened_while_the_bot_was_down_are_caught_up_and_answered_in_forks(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """Threads the bot never saw: only their parent in channel history (`reply_count`, `latest_reply`) shows them."""
+    mention = f"<@{fake.bot_user_id}>"
+    bot = await bots.start()
+    plain = await fake.user_posts(general, people.bob, "the api is slow today")  # recorded, not answered
+    await plain.wait_acked()
+    first = await fake.user_posts(general, people.alice, f"{mention} first")
+    await first.wait_acked()
+    answer = await fake.wait_for_message(general, contains="answer to Alice", timeout=10)
+    await bot.stop()
+
+    # Nobody is connected. One thread opens under the bot's answer (newer than the last message the bot saw),
+    # one under Bob's message (older than it: no `oldest` read of the channel returns that parent).
+    under_answer = await fake.user_posts(
+        general, people.carol, f"{mention} more on that?", thread_ts=answer.ts
+    )
+    under_plain = await fake.user_posts(general, people.alice, f"{mention} how slow?", thread_ts=plain.ts)
+    assert {d.attempts[0].outcome for p in (under_answer, under_plain) for d in p.deliveries} == {
+        "no_connection"
+    }
+    limited = fake.rate_limit(
+        "conversations.replies", retry_after=1
+    )  # a 429 on catch-up costs a wait, no thread
+
+    bot = await bots.start()
+    more = await fake.wait_for_message(general, thread_ts=answer.ts, contains="more on that?", timeout=10)
+    slow = await fake.wait_for_message(general, thread_ts=plain.ts, contains="how slow?", timeout=10)
+    await bot.stop()
+    assert len(limited.hits) == 1
+    assert sorted(e["text"] for e in bot.intakes("answering")) == [
+        f"{mention} how slow?",
+        f"{mention} more on that?",
+    ]
+    # Each thread is a fork of #general at its parent: the answer's thread sees the channel up to the answer,
+    # Bob's thread only what came before Bob's message.
+    assert more.text == (
+        f"answer to Carol: {mention} more on that? "
+        f"[saw: Bob: the api is slow today | Alice: {mention} first | Carol: {mention} more on that?]"
+    )
+    assert slow.text == (
+        f"answer to Alice: {mention} how slow? [saw: Bob: the api is slow today | Alice: {mention} how slow?]"
+    )
+
+    bot = await bots.start()  # once more: nothing new, nothing answered again
+    await bot.stop()
+    assert [e for e in bot.intakes() if e["outcome"] != "duplicate"] == []
+    assert [m.ts for m in replies_of_bot(fake, general)] == [answer.ts]
+    assert [m.ts for m in replies_of_bot(fake, general, answer.ts)] == [more.ts]
+    assert [m.ts for m in replies_of_bot(fake, general, plain.ts)] == [slow.ts]
+
+
 async def test_rate_limits_and_a_lost_response_cost_no_message_and_no_duplicate(
     fake: FakeSlack, people: People, general: Channel, bots: Bots
 ) -> None:
