@@ -56,6 +56,19 @@ def deploy_flow(request: ModelRequest) -> AssistantMessage:
     return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="d1")])
 
 
+def remind(request: ModelRequest) -> AssistantMessage:
+    """Asks for a reminder in 10 minutes (the `schedule` tool); answers the reminder when it fires."""
+    last = request.messages[-1]
+    if isinstance(last, ToolResultMessage):
+        return faux_assistant(f"ok: {last.text()}")
+    text = user_texts(request)[-1]
+    if text.startswith("(scheduled)"):
+        return faux_assistant(f"reminder: {text}")
+    return faux_assistant(
+        [faux_tool_call("schedule", {"message": "check the deploy", "delay_minutes": 10}, id="s1")]
+    )
+
+
 @dataclass
 class Bot:
     harness: Harness
