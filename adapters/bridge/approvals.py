@@ -41,7 +41,7 @@ class Decision:
     accepted: bool
     status: str  # the gate's status after the click
     decided_by: str | None = None
-    reason: str | None = None  # unknown_gate | already_decided | not_an_approver | self_approval
+    reason: str | None = None  # unknown_gate | already_decided | expired | not_an_approver | self_approval
 
 
 def gate_view(gate_id: int, gate: dict[str, Any]) -> GateView:
@@ -193,6 +193,13 @@ class Approvals:
                 return Decision(
                     False, str(doc.value["status"]), doc.value.get("decided_by"), "already_decided"
                 )
+            if tx.now >= int(doc.value.get("expires_at", tx.now + 1)):
+                # Past its expiry the gate's task may not have run yet (the bot was down, or it is about to
+                # wake): the click is still too late. Mark it expired now so the task blocks the tool.
+                doc.value["status"] = "expired"
+                doc.value["decided_at"] = tx.now
+                await harness.wake_task(tx, gate_id)
+                return Decision(False, "expired", reason="expired")
             doc.value["status"] = "approved" if approve else "denied"
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id

@@ -89,6 +89,7 @@ REFUSALS = {
     "not_an_approver": "{name} is not an approver for this request",
     "self_approval": "you asked for this; another approver has to decide",
     "already_decided": "already {status} by {by}",
+    "expired": "this request expired before your click",
     "unknown_gate": "this approval request does not exist",
 }
 

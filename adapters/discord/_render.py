@@ -70,6 +70,8 @@ def refusal_text(reason: str | None, status: str, decided_by: str | None) -> str
         if status == "expired":
             return "This request has expired."
         return f"This request was already {status}" + (f" by {decided_by}." if decided_by else ".")
+    if reason == "expired":
+        return "This request expired before your click."
     if reason == "unknown_gate":
         return "This approval request is unknown (it may belong to a bot whose data was removed)."
     return "Your click could not be recorded; please try again."

@@ -101,6 +101,7 @@ REFUSALS = {
     "not_an_approver": "You are not an approver for `{tool}`, so your click was not counted.",
     "self_approval": "You cannot approve or deny your own request for `{tool}`.",
     "unknown_gate": "This approval request is not known (any more).",
+    "expired": "This request for `{tool}` expired before your click.",
 }
 
 

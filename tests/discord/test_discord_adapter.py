@@ -546,3 +546,20 @@ async def test_catch_up_reads_at_most_the_limit_and_keeps_the_newest(
         ]
     finally:
         await again.stop()
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "expected"),
+    [
+        ("not_an_approver", "pending", "not one of the approvers"),
+        ("self_approval", "pending", "someone else has to approve"),
+        ("unknown_gate", "unknown", "unknown"),
+        ("expired", "expired", "expired before your click"),
+        ("already_decided", "expired", "has expired"),
+        ("already_decided", "denied", "already denied by boss"),
+    ],
+)
+def test_every_refusal_reason_has_its_own_ephemeral_text(reason: str, status: str, expected: str) -> None:
+    from adapters.discord._render import refusal_text
+
+    assert expected in refusal_text(reason, status, "boss" if status == "denied" else None)

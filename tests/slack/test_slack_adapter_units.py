@@ -307,3 +307,22 @@ async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_runn
     assert logged  # debug logging was on
     for secret in (fake.bot_token, fake.app_token, fake.signing_secret):
         assert secret not in logged
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "expected"),
+    [
+        ("not_an_approver", "pending", "You are not an approver for `deploy`"),
+        ("self_approval", "pending", "You cannot approve or deny your own request"),
+        ("unknown_gate", "unknown", "not known"),
+        ("expired", "expired", "expired before your click"),
+        ("already_decided", "expired", "already expired"),
+        ("already_decided", "approved", "already approved by boss"),
+    ],
+)
+def test_every_refusal_reason_has_its_own_ephemeral_text(reason: str, status: str, expected: str) -> None:
+    from adapters.bridge import Decision
+    from adapters.slack.adapter import refusal_text
+
+    decided_by = "boss" if status == "approved" else None
+    assert expected in refusal_text(Decision(False, status, decided_by, reason), "deploy")
