@@ -3,13 +3,14 @@ loopback fake Slack, over Socket Mode. Waits are event-driven (bot output, fake 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from slack_e2e import STORY, Bots, People, add_people, replies_of_bot
 
-from adapters.slack.testing import Channel, FakeSlack
+from adapters.slack.testing import Channel, FakeSlack, RecordedCall, SocketConnection
 
 
 @pytest.fixture
@@ -259,6 +260,62 @@ async def test_new_threads_opened_while_the_bot_was_down_are_caught_up_and_answe
     assert [m.ts for m in replies_of_bot(fake, general)] == [answer.ts]
     assert [m.ts for m in replies_of_bot(fake, general, answer.ts)] == [more.ts]
     assert [m.ts for m in replies_of_bot(fake, general, plain.ts)] == [slow.ts]
+
+
+async def test_socket_mode_disconnect_frames_reconnect_and_lose_or_repeat_nothing(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """Slack rotates sockets with `disconnect` frames. An envelope still being handled when its connection goes
+    is redelivered on the new one (it was never acked there); both copies go through the same dedupe."""
+    mention = f"<@{fake.bot_user_id}>"
+    bot = await bots.start({"slack": {"lookup_timeout": 30}})
+    release = asyncio.Event()
+
+    async def slow_lookup(call: RecordedCall) -> None:
+        await release.wait()  # Carol's display name: her message is mid-intake, not committed, not acked
+
+    held = fake.on_request(
+        "users.info", slow_lookup, times=None, match=lambda c: c.args.get("user") == "UCAROL"
+    )
+    caught = await fake.user_posts(general, people.carol, f"{mention} caught in the refresh")
+    await fake.wait_for(lambda: held.fired, 10)
+    old = fake.open_connections[0]
+    await fake.disconnect(reason="refresh_requested")
+    new = await fake.wait_for(lambda: not old.open and only_open(fake), 10)
+    assert new is not old and len(fake.calls_to("apps.connections.open")) == 2
+    assert not any(d.acked for d in caught.deliveries)
+    retries = [await fake.deliver(d) for d in caught.deliveries]  # Slack's retry goes to the live connection
+    assert [a.connection_id for a in retries] == [new.id, new.id]
+    release.set()
+    assert [await a.wait_settled(10) for a in retries] == ["acked", "acked"]
+    await fake.wait_for_message(general, contains="caught in the refresh", timeout=10)
+
+    old = new
+    await fake.disconnect(reason="link_disabled")
+    await fake.wait_for(lambda: not old.open and only_open(fake), 10)
+    after = await fake.user_posts(general, people.alice, f"{mention} after the reconnect")
+    await after.wait_acked()
+    await fake.wait_for_message(general, contains="after the reconnect", timeout=10)
+    await bot.stop()
+
+    by_text = {
+        text: sorted(e["outcome"] for e in bot.intakes() if e["text"] == text)
+        for text in (f"{mention} caught in the refresh", f"{mention} after the reconnect")
+    }
+    assert by_text == {
+        f"{mention} caught in the refresh": ["answering", "duplicate", "duplicate", "duplicate"],
+        f"{mention} after the reconnect": ["answering", "duplicate"],
+    }
+    assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
+        f"answer to Carol: {mention} caught in the refresh",
+        f"answer to Alice: {mention} after the reconnect",
+    ]
+    assert len(fake.calls_to("apps.connections.open")) == 3
+
+
+def only_open(fake: FakeSlack) -> SocketConnection | None:
+    conns = fake.open_connections
+    return conns[0] if len(conns) == 1 else None
 
 
 async def test_rate_limits_and_a_lost_response_cost_no_message_and_no_duplicate(
