@@ -3,14 +3,19 @@
 Each answered input has a reply record (`bridge.reply`, created with the input). Per message part the worker
 commits the intent (a key) before posting, posts with that key where the platform can echo it back, then
 records the platform message id. After a crash between posting and recording, `Transport.find` locates the
-message by its key before anything is posted again. While the model streams, the message is edited (paced);
-the final render edits the same message(s) and retires the record.
+message by its key before anything is posted again. While the model streams, the message is edited; the
+final render edits the same message(s) and retires the record.
+
+Pacing: every write (post, continuation post, streaming edit, final edit) goes through the platform's rate
+governor under one key per channel, so all reply workers writing into a channel share one budget of one write
+per `transport.edit_interval`, and a Retry-After pushes that channel's next write out. Other channels go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
@@ -38,6 +43,13 @@ def answer_text(message: Any) -> str:
     if isinstance(message, AssistantMessage):
         return message.text() or "(no text)"
     return "(no text)"
+
+
+def pacing_key(target: Place) -> str:
+    """The rate budget a write into `target` counts against: its channel. Slack limits posts and updates per
+    channel (a thread's replies count against their channel); Discord's send/edit bucket is per channel, and a
+    thread is a channel of its own there, so pacing it together with its parent is only stricter."""
+    return f"channel:{target.workspace}:{target.channel}"
 
 
 class ReplyWorker:
@@ -136,32 +148,37 @@ class ReplyWorker:
                 if message_id is not None:
                     await self.record_part(index, {**part, "message_id": message_id})
             if message_id is None:
-                await self.bridge.governor(target.platform).acquire(f"post:{target.channel}", interval=0.0)
-                # From here the platform may hold the message even if we never hear back: reconcile first.
-                self.fresh.discard(part["key"])
-                message_id = await transport.create(
-                    target, text, part["key"], final=final, requester=self.requester(reply)
-                )
+                async with self.pace(transport, target):
+                    # From here the platform may hold the message even if we never hear back: reconcile first.
+                    self.fresh.discard(part["key"])
+                    message_id = await transport.create(
+                        target, text, part["key"], final=final, requester=self.requester(reply)
+                    )
                 self.bridge.shown[message_id] = text
                 await self.record_part(index, {**part, "message_id": message_id})
             elif self.bridge.shown.get(message_id) != text:
-                if not final:
-                    await self.bridge.governor(target.platform).acquire(
-                        f"edit:{message_id}", interval=transport.edit_interval
-                    )
                 try:
-                    await transport.edit(target, message_id, text, part["key"], final=final)
+                    # Final edits are paced too (they wait their turn, they are never skipped).
+                    async with self.pace(transport, target):
+                        await transport.edit(target, message_id, text, part["key"], final=final)
                 except (MessageGone, EditExpired):
                     # Continue in a new message; the old one keeps what it showed.
                     new_key = f"{part['key']}+"
                     await self.record_part(index, {"key": new_key, "message_id": None})
-                    message_id = await transport.create(
-                        target, text, new_key, final=final, requester=self.requester(reply)
-                    )
+                    async with self.pace(transport, target):
+                        message_id = await transport.create(
+                            target, text, new_key, final=final, requester=self.requester(reply)
+                        )
                     await self.record_part(index, {"key": new_key, "message_id": message_id})
                 self.bridge.shown[message_id] = text
             ids.append(message_id)
         return ids
+
+    def pace(self, transport: Transport, target: Place) -> AbstractAsyncContextManager[None]:
+        """The slot for one write into `target`'s channel, shared by every reply worker of this process."""
+        return self.bridge.governor(target.platform).slot(
+            pacing_key(target), interval=transport.edit_interval
+        )
 
     @staticmethod
     def requester(reply: dict[str, Any]) -> str | None:

@@ -1,10 +1,19 @@
-"""One rate governor per platform: a minimum spacing per key (channel or message) and a shared back-off when
-the platform says Retry-After."""
+"""One rate governor per platform: a minimum spacing per key (the bridge uses one key per channel) and a
+back-off when the platform says Retry-After, for one key or for the whole platform.
+
+Slack (`chat.postMessage` / `chat.update`) and Discord (sends and edits share a bucket) both limit writes per
+channel, so the bridge runs every write into a channel inside `slot(channel key)`: posts, continuation posts,
+streaming edits and final edits share one budget, and concurrent reply workers in that channel queue for it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from adapters.bridge.model import RetryLater
 
 
 class RateGovernor:
@@ -20,15 +29,38 @@ class RateGovernor:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
+    async def _wait_turn(self, key: str) -> None:
+        # Re-check after every sleep: a Retry-After may arrive (for this key or platform-wide) while waiting.
+        while True:
+            wait = max(self._next_at.get(key, 0.0), self._blocked_until) - time.monotonic()
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
+
     async def acquire(self, key: str, *, interval: float | None = None) -> None:
-        """Wait until a call for `key` may go out, and reserve the slot."""
+        """Wait until a call for `key` may go out, and reserve the slot (spacing counted from now)."""
         spacing = self.per_key_interval if interval is None else interval
         async with self._lock(key):
-            now = time.monotonic()
-            wait = max(self._next_at.get(key, 0.0), self._blocked_until) - now
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await self._wait_turn(key)
             self._next_at[key] = time.monotonic() + spacing
+
+    @asynccontextmanager
+    async def slot(self, key: str, *, interval: float | None = None) -> AsyncIterator[None]:
+        """Run one platform call for `key`: wait for the key's turn, hold the key during the call (callers
+        queue in FIFO order), and let the next call for the key start no sooner than `interval` after this
+        one finished. Counting from the end (not the start) keeps the spacing the platform sees at least
+        `interval` however long the call took. A `RetryLater` raised by the call also pushes the key's next
+        turn out by its `seconds`."""
+        spacing = self.per_key_interval if interval is None else interval
+        async with self._lock(key):
+            await self._wait_turn(key)
+            try:
+                yield
+            except RetryLater as exc:
+                self.back_off(exc.seconds, key)
+                raise
+            finally:
+                self._next_at[key] = max(self._next_at.get(key, 0.0), time.monotonic() + spacing)
 
     def back_off(self, seconds: float, key: str | None = None) -> None:
         """The platform asked to wait `seconds` (for this key, or everything)."""
