@@ -6,11 +6,14 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -33,8 +36,11 @@ def write_config(
     messages: Sequence[dict[str, Any]] = (),
     restart_limit: int = 5,
     extra: str = "",
+    modules: Sequence[str] = ("bots_crash_tools",),
+    name: str = "bot.toml",
 ) -> Path:
-    """A bot config over `workdir`: faux:demo, the crash-tools plugin, the fake chat adapter."""
+    """A bot config over `workdir`: faux:demo, tool plugins (the crash tools by default), the fake chat
+    adapter. `name` lets one storage be opened with two configs (e.g. one that lacks a plugin)."""
     fake = {"module": "bots_fake_chat", "journal": str(workdir / "journal.jsonl"), "messages": list(messages)}
     text = f"""
 [bot]
@@ -48,7 +54,7 @@ path = {toml_value(str(workdir / "bot.sqlite"))}
 mode = "all"
 
 [tools]
-modules = ["bots_crash_tools"]
+modules = {toml_value(list(modules))}
 
 [approvals]
 approvers = ["U-lead"]
@@ -63,9 +69,44 @@ restart_limit = {restart_limit}
 {chr(10).join(f"{k} = {toml_value(v)}" for k, v in fake.items())}
 {extra}
 """
-    path = workdir / "bot.toml"
+    path = workdir / name
     path.write_text(text)
     return path
+
+
+def shipped_config_in(
+    workdir: Path,
+    *,
+    port: int = 0,
+    webhook: str | None = None,
+    replace: Mapping[str, str] | None = None,
+    append: str = "",
+) -> Path:
+    """A copy of the shipped config/ops.toml whose storage, chat store and tracker live in `workdir`, with
+    devchat on `port` (0: a free one; the CLI prints the URL it got) and, given `webhook`, deploys POSTed
+    there. `replace` edits more lines (each must exist), `append` adds tables."""
+    text = (REPO / "config" / "ops.toml").read_text()
+    replacements = {
+        'path = "var/ops.sqlite"': f"path = {toml_value(str(workdir / 'ops.sqlite'))}",
+        'store = "var/devchat.sqlite"': f"store = {toml_value(str(workdir / 'devchat.sqlite'))}",
+        'path = "var/tickets.json"': f"path = {toml_value(str(workdir / 'tickets.json'))}",
+        "port = 8765": f"port = {port}",
+        **({"[deploy]\n": f"[deploy]\nwebhook_url = {toml_value(webhook)}\n"} if webhook else {}),
+        **(replace or {}),
+    }
+    for old, new in replacements.items():
+        assert old in text, f"config/ops.toml no longer has {old!r}; update this test"
+        text = text.replace(old, new)
+    path = workdir / "ops.toml"
+    path.write_text(text + append)
+    return path
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server that must come back on the same port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def bot_env(workdir: Path, **overrides: str) -> dict[str, str]:
@@ -199,3 +240,36 @@ def ledger(workdir: Path) -> list[str]:
 def journal(workdir: Path) -> list[dict[str, Any]]:
     path = workdir / "journal.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def devchat_converse(url: str, text: str = "hello bot", name: str = "alice") -> dict[str, Any]:
+    """Post one message to a devchat server the way its page does and return the bot's final answer."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "healthz") as health:
+            assert health.status == 200 and (await health.json())["ok"] is True
+        async with session.get(url) as page:
+            assert page.status == 200 and "text/html" in page.headers["Content-Type"]
+        async with session.ws_connect(url + "ws") as ws:
+            await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+            post = {
+                "type": "post",
+                "name": name,
+                "channel": "general",
+                "thread": None,
+                "text": text,
+            }
+            await ws.send_json({**post, "client_id": "smoke-test-0001"})
+            acked = False
+            async for frame in ws:
+                assert frame.type == aiohttp.WSMsgType.TEXT, frame
+                payload = json.loads(frame.data)
+                if payload["type"] == "ack":
+                    assert payload["outcome"] == "answering"
+                    acked = True
+                for event in payload.get("events", []) if payload["type"] == "events" else []:
+                    message = event.get("message") or {}
+                    if message.get("kind") == "bot" and message.get("final"):
+                        assert acked, "the post is acknowledged before its answer arrives"
+                        found: dict[str, Any] = message
+                        return found
+    raise AssertionError("the websocket closed before an answer arrived")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 import socket
 from pathlib import Path
 
@@ -250,3 +252,70 @@ async def test_a_deploy_waiting_for_approval_survives_sigkill_and_runs_once_when
     assert f"deploy-{gate['gate']}" in answer["text"]
     approvals = [r for r in journal(tmp_path) if r["op"] == "approval"]
     assert len(approvals) == 1, "the approval request was not posted again after the restart"
+
+
+async def test_sigint_mid_answer_stops_run_cleanly_like_sigterm(tmp_path: Path) -> None:
+    """Ctrl-C is the README's way to stop the bot: the same graceful path as SIGTERM, exit code 0."""
+    config = write_config(tmp_path, messages=[{"id": "1", "text": "hello"}])
+    bot = await BotProcess.start(config, env=bot_env(tmp_path, DURABLE_BOTS_DEMO_DELAY_MS="40"))
+    try:
+        await bot.wait_for_fake(lambda r: r["op"] == "edit" and not r["final"] and len(r["text"]) > 10)
+        bot.process.send_signal(signal.SIGINT)
+        code = await bot.finish()
+    finally:
+        await bot.kill()
+    assert code == 0, f"{bot.output()}\n{await bot.stderr()}"
+    assert "durable-bots: stopping (SIGINT)" in bot.output() and "stopped cleanly" in bot.output()
+    storage = await SqliteStorage.open(tmp_path / "bot.sqlite")
+    try:
+        live = (await storage.scan_tasks(live=True, limit=100)).items
+    finally:
+        await storage.close()
+    assert live, "the interrupted answer must still be there to resume"
+    assert all(t.state.status != "running" and t.restarts == 0 for t in live)  # not counted as a crash
+
+
+USAGE_LINE = re.compile(
+    r"^usage: (\d+) input \+ (\d+) output tokens \(cache read (\d+), write (\d+)\), cost \$(\d+\.\d{4})$"
+)
+
+
+async def test_inspect_shows_token_usage_and_a_task_blocked_by_a_removed_plugin(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    messages = [call("start_watch", {})]
+    config = write_config(tmp_path, messages=messages, modules=["bots_crash_tools", "bots_watch_tools"])
+    bot = await BotProcess.start(config, env=env)
+    try:
+        await bot.wait_for_fake(lambda r: r.get("final") is True and "watch task" in r["text"])
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+
+    # With the plugin the timer is an ordinary waiting task; the usage section counts both model turns.
+    inspected = await cli(config, "inspect", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    lines = inspected.stdout.splitlines()
+    (watch,) = [line for line in lines if "watch.timer" in line]
+    assert " waiting " in watch and "until" in watch and "BLOCKED" not in watch, inspected.stdout
+    (usage,) = [m for m in map(USAGE_LINE.match, lines) if m]
+    tokens_in, tokens_out = int(usage.group(1)), int(usage.group(2))
+    assert tokens_in > 0 and tokens_out > 0, usage.group(0)
+    report = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)
+    total = report["usage"]["total"]
+    assert (total["input"], total["output"]) == (tokens_in, tokens_out)
+    (model,) = report["usage"]["models"]
+    per_model = f"  {model}: {tokens_in} in / {tokens_out} out, ${total['cost']:.4f}"
+    assert per_model in lines, inspected.stdout
+    assert model == "faux/demo"
+
+    # The operator removed the plugin from the config: the task's code is gone, so it is blocked (and kept).
+    lacking = write_config(tmp_path, messages=messages, name="without-watch.toml")
+    blocked = await cli(lacking, "inspect", env=env)
+    assert blocked.returncode == 0, blocked.stderr
+    (line,) = [line for line in blocked.stdout.splitlines() if "watch.timer" in line]
+    assert "BLOCKED (missing_task)" in line, blocked.stdout
+    assert "tasks (1 blocked):" in blocked.stdout
+    tasks = json.loads((await cli(lacking, "tasks", "--json", env=env)).stdout)["tasks"]
+    assert [(t["kind"], t["state"], t["reason"]) for t in tasks] == [
+        ("watch.timer", "blocked", "missing_task")
+    ]

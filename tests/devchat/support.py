@@ -1,5 +1,5 @@
 """Shared pieces of the devchat tests: an in-process rig (harness + bridge + adapter on a free port), a small
-websocket client that waits on frames, and a real server process for the browser tests."""
+websocket client that waits on frames, and the real ops bot process for the browser tests."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,14 +17,20 @@ import aiohttp
 
 from adapters.bridge import ApprovalPolicy, Bridge
 from adapters.devchat import DevchatAdapter, create
+from bots.demo import respond as demo_respond
 from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_tool_call
 from harness_core.storage import MemoryStorage
 
+# The browser tests run the bot the way the `bots` CLI tests do: share their helpers (tests/bots is no package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bots"))
+from bots_cli_support import REPO, bot_env, free_port, shipped_config_in
+from bots_cli_support import cli as cli  # re-exported for the browser tests (the path is set here)
+from bots_cli_support import ledger as ledger
+
 MODEL = AgentChange(model=ModelRef(provider="faux", model_id="faux-1"))
-SERVER = Path(__file__).with_name("server_process.py")
 WAIT = 15.0
 
 
@@ -173,60 +178,124 @@ async def make_rig(tmp: Path, *, approvers: list[str] | None = None, delay_ms: f
     return Rig(harness, bridge, faux, tmp / "var" / "devchat.sqlite", runs)
 
 
-# --- a real server process (browser tests) ----------------------------------------------------------------------
+# --- the real bot process (browser tests) -----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def demo_answer(speaker: str, text: str) -> str:
+    """What the ops bot's `faux:demo` model answers to a message it has no script for (its help text)."""
+    return demo_respond(ModelRequest(messages=[UserMessage(content=f"{speaker}: {text}")])).text()
+
+
+CRASH_TOOLS = {
+    # The crash-tools plugin (tests/bots/bots_crash_tools.py): `fragile` SIGKILLs its process until repaired.
+    "[tools]\n": '[tools]\nmodules = ["bots_crash_tools"]\n',
+    '"schedule", "search_history"]': '"schedule", "search_history", "fragile"]',
+}
 
 
 def log_file(path: Path) -> Any:
     return open(path, "wb")  # the caller closes it once the child holds it
 
 
-class ServerProcess:
-    """`server_process.py` in a subprocess on a fixed port and work directory, so it can be SIGKILLed and
-    started again on the same files."""
+class BotServer:
+    """The ops bot as `make run` starts it: `python -m bots run --adapter devchat --config <copy of
+    config/ops.toml>`, with its storage, chat store and tracker in `workdir`, devchat on a fixed free port (so a
+    SIGKILLed bot comes back where the page reconnects) and deploys POSTed to `webhook`."""
 
-    def __init__(self, workdir: Path, port: int, *, approver: str = "boss") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        webhook: str,
+        delay_ms: float = 15,
+        crash_tools: bool = False,
+        restart_limit: int | None = None,
+    ) -> None:
         self.workdir = workdir
-        self.port = port
-        self.approver = approver
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.config = shipped_config_in(
+            workdir,
+            port=self.port,
+            webhook=webhook,
+            replace=CRASH_TOOLS if crash_tools else None,
+            append="" if restart_limit is None else f"\n[tasks]\nrestart_limit = {restart_limit}\n",
+        )
+        # The demo model's streaming pace: slow enough to see partials (and to kill the bot mid-answer).
+        self.env = bot_env(workdir, DURABLE_BOTS_DEMO_DELAY_MS=str(delay_ms))
         self.process: asyncio.subprocess.Process | None = None
-        self.url = f"http://127.0.0.1:{port}/"
+        self.lines: list[str] = []
         self.starts = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
 
-    async def start(self) -> None:
+    async def _launch(self) -> asyncio.subprocess.Process:
         self.starts += 1
-        log = log_file(self.workdir / f"server-{self.starts}.log")
+        log = log_file(self.workdir / f"bot-{self.starts}.log")
         try:
-            self.process = await asyncio.create_subprocess_exec(
+            process = await asyncio.create_subprocess_exec(
                 sys.executable,
-                str(SERVER),
-                str(self.workdir),
-                str(self.port),
-                "--approver",
-                self.approver,
+                "-m",
+                "bots",
+                "run",
+                "--adapter",
+                "devchat",
+                "--config",
+                str(self.config),
+                cwd=REPO,
+                env=self.env,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
             )
         finally:
             log.close()
-        assert self.process.stdout is not None
-        try:
-            line = await asyncio.wait_for(self.process.stdout.readline(), 30)
-        except TimeoutError:
-            line = b""
-        if not line:
+        self.process = process
+        self._reader = asyncio.get_running_loop().create_task(self._read(process))
+        return process
+
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        """Keep the bot's stdout drained (a full pipe would block it) and remember every line."""
+        assert process.stdout is not None
+        while raw := await process.stdout.readline():
+            self.lines.append(raw.decode().rstrip("\n"))
+            self._changed.set()
+        self._changed.set()
+
+    async def _line(self, predicate: Callable[[str], bool], timeout: float = 60) -> str | None:
+        """The first line so far (or to come) that satisfies `predicate`; None once the bot exited."""
+
+        async def scan() -> str | None:
+            while True:
+                found = next((line for line in self.lines if predicate(line)), None)
+                if found is not None:
+                    return found
+                if self._reader is None or self._reader.done():
+                    return None
+                self._changed.clear()
+                await self._changed.wait()
+
+        return await asyncio.wait_for(scan(), timeout)
+
+    async def start(self) -> None:
+        """Start the bot and wait until it is ready (page served, work resumed)."""
+        self.lines.clear()
+        await self._launch()
+        ready = await self._line(lambda line: line.startswith("durable-bots: ready"))
+        if ready is None:
             await self.kill()
-            raise AssertionError(f"server did not start:\n{self.log()}")
-        ready = json.loads(line)
-        assert ready["event"] == "ready", ready
+            raise AssertionError(f"the bot did not start:\n{self.log()}")
+        assert f"devchat: {self.url}" in self.lines, self.lines
+
+    async def start_and_crash(self) -> None:
+        """Start the bot and wait for it to die of SIGKILL (a crash-tools tool kills its own process)."""
+        self.lines.clear()
+        process = await self._launch()
+        code = await asyncio.wait_for(process.wait(), 60)
+        assert code == -signal.SIGKILL, f"expected the bot to be SIGKILLed, got {code}:\n{self.log()}"
 
     def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("server-*.log")))
+        stderr = "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("bot-*.log")))
+        return "\n".join(self.lines) + "\n" + stderr
 
     async def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
@@ -234,17 +303,21 @@ class ServerProcess:
             self.process.send_signal(signal.SIGKILL)
             await self.process.wait()
             assert self.process.returncode == -signal.SIGKILL
+        if self._reader is not None:
+            await self._reader
 
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), 15)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-
-    def deploys(self) -> list[str]:
-        ledger = self.workdir / "deploys.log"
-        return ledger.read_text().splitlines() if ledger.exists() else []
+    async def stop(self) -> int | None:
+        """SIGTERM, as an operator stops the bot; returns the exit code (None if it was not running)."""
+        if self.process is None or self.process.returncode is not None:
+            return None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(self.process.wait(), 30)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+            raise
+        if self._reader is not None:
+            await self._reader
+        return code

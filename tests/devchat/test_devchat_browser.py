@@ -1,5 +1,6 @@
-"""The devchat page in real headless Chromium (Debian `chromium` driven by Playwright) against a real bot process
-(`server_process.py`: SQLite harness, slow-streaming faux model, approval-gated deploy, devchat adapter).
+"""The devchat page in real headless Chromium (Debian `chromium` driven by Playwright) against the real ops bot:
+`python -m bots run --adapter devchat` over a copy of config/ops.toml (faux:demo, the approval-gated `deploy`
+POSTing to a loopback webhook served by the test, storage in a temporary directory, a free port).
 
 Waits use Playwright's auto-waiting `expect`; nothing asserts on durations. Without Chromium these tests fail
 (CI installs it in `.ci/run`); they are never skipped.
@@ -7,15 +8,18 @@ Waits use Playwright's auto-waiting `expect`; nothing asserts on durations. With
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
-from .server_process import STORY
-from .support import ServerProcess, free_port
+from .support import BotServer, cli, demo_answer, ledger
 
 try:
     from playwright.async_api import Browser, Locator, Page, async_playwright, expect
@@ -69,14 +73,56 @@ async def browser() -> AsyncIterator[Browser]:
             await launched.close()
 
 
+@dataclass
+class Webhook:
+    """A loopback deploy webhook: every POST is recorded with its headers and JSON body."""
+
+    url: str = ""
+    calls: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[ServerProcess]:
-    process = ServerProcess(tmp_path, free_port(), approver="boss")
-    await process.start()
+async def webhook() -> AsyncIterator[Webhook]:
+    hook = Webhook()
+
+    async def deploy(request: web.Request) -> web.Response:
+        hook.calls.append((dict(request.headers), await request.json()))
+        return web.json_response({"deployment": f"dep-{len(hook.calls)}"})
+
+    app = web.Application()
+    app.router.add_post("/deploy", deploy)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    hook.url = f"http://127.0.0.1:{runner.addresses[0][1]}/deploy"
     try:
-        yield process
+        yield hook
     finally:
-        await process.stop()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def start_bot(tmp_path: Path, webhook: Webhook) -> AsyncIterator[Callable[..., Awaitable[BotServer]]]:
+    started: list[BotServer] = []
+
+    async def start(**options: Any) -> BotServer:
+        bot = BotServer(tmp_path, webhook=webhook.url, **options)
+        started.append(bot)
+        await bot.start()
+        return bot
+
+    yield start
+    for bot in started:
+        try:
+            await bot.stop()
+        finally:
+            await bot.kill()
+
+
+@pytest.fixture
+async def bot(start_bot: Callable[..., Awaitable[BotServer]]) -> BotServer:
+    return await start_bot()
 
 
 class Tab:
@@ -105,11 +151,11 @@ class Tab:
         await expect(self.page.get_by_test_id("status")).to_have_attribute("data-state", "connected")
 
 
-async def open_tab(browser: Browser, server: ServerProcess, name: str, channel: str = "general") -> Tab:
+async def open_tab(browser: Browser, bot: BotServer, name: str, channel: str = "general") -> Tab:
     context = await browser.new_context()
     page = await context.new_page()
     tab = Tab(page, name)
-    await page.goto(f"{server.url}#/{channel}")
+    await page.goto(f"{bot.url}#/{channel}")
     await page.get_by_test_id("name-input").fill(name)
     await page.get_by_test_id("name-save").click()
     await tab.connected()
@@ -117,124 +163,206 @@ async def open_tab(browser: Browser, server: ServerProcess, name: str, channel: 
     return tab
 
 
+def bot_states(states: list[str], bubble: str) -> list[tuple[str, str]]:
+    """The (final flag, text) states one bot bubble went through, from `window.__bot`."""
+    return [tuple(s.split("|", 2)[1:]) for s in states if s.split("|", 1)[0] == bubble]  # type: ignore[misc]
+
+
 async def test_two_tabs_see_each_others_messages_and_one_streamed_answer(
-    browser: Browser, server: ServerProcess
+    browser: Browser, bot: BotServer
 ) -> None:
-    alice = await open_tab(browser, server, "alice")
-    bob = await open_tab(browser, server, "bob")
-    await alice.page.evaluate(WATCH_BOT_BUBBLES)
-    await alice.say("hello from alice")
+    alice = await open_tab(browser, bot, "alice")
+    bob = await open_tab(browser, bot, "bob")
     for tab in (alice, bob):
-        said = tab.channel().filter(has_text="hello from alice")
+        await tab.page.evaluate(WATCH_BOT_BUBBLES)
+    await alice.say("hello from alice")
+    first = demo_answer("alice", "hello from alice")
+    for tab in (alice, bob):
+        said = tab.humans().filter(has_text="hello from alice")
         await expect(said).to_have_count(1)
         await expect(said.get_by_test_id("author")).to_have_text("alice")
-    await bob.say("@bot what do you see?")
-    answer = "I see: alice: hello from alice | bob: @bot what do you see?"
-    for tab in (alice, bob):
-        asked = tab.humans().filter(has_text="@bot what do you see?")
-        await expect(asked.get_by_test_id("author")).to_have_text("bob")
         await expect(tab.bot()).to_have_count(1)
         await expect(tab.bot()).to_have_attribute("data-final", "true")
-        await expect(tab.bot().get_by_test_id("text")).to_have_text(answer)
+        assert await tab.bot().get_by_test_id("text").text_content() == first
+
+    await bob.say("thanks, bob here")  # the shipped config answers every message
+    second = demo_answer("bob", "thanks, bob here")
+    for tab in (alice, bob):
+        said = tab.humans().filter(has_text="thanks, bob here")
+        await expect(said.get_by_test_id("author")).to_have_text("bob")
+        await expect(tab.bot()).to_have_count(2)
+        await expect(tab.bot().nth(1)).to_have_attribute("data-final", "true")
+        assert await tab.bot().nth(1).get_by_test_id("text").text_content() == second
         await expect(tab.humans()).to_have_count(2)
-    states: list[str] = await alice.page.evaluate("window.__bot")
-    bubbles = {state.split("|", 1)[0] for state in states}
-    partials = [s for s in states if s.split("|")[1] == "false"]
-    assert len(bubbles) == 1, states  # one bubble, edited live
-    assert partials, states  # it was shown while streaming
-    assert states[-1].endswith(f"|true|{answer}")
+        states: list[str] = await tab.page.evaluate("window.__bot")
+        assert len({state.split("|", 1)[0] for state in states}) == 2, states  # one bubble per answer
+        streamed = bot_states(states, states[0].split("|", 1)[0])
+        assert ("false", first) not in streamed and any(f == "false" for f, _ in streamed), streamed  # live
+        assert streamed[-1] == ("true", first)
     assert alice.errors == [] and bob.errors == []
 
 
-async def test_a_thread_opens_a_fork_at_its_message(browser: Browser, server: ServerProcess) -> None:
-    alice = await open_tab(browser, server, "alice")
-    await alice.say("@bot first question")
-    first_answer = "I see: alice: @bot first question"
-    await expect(alice.bot().get_by_test_id("text")).to_have_text(first_answer)
+async def test_a_thread_opens_a_fork_at_its_message(browser: Browser, bot: BotServer) -> None:
+    alice = await open_tab(browser, bot, "alice")
+    await alice.say("hello")
+    first = demo_answer("alice", "hello")
     await expect(alice.bot()).to_have_attribute("data-final", "true")
     await alice.say("a later message in the channel")
-    await expect(alice.humans().filter(has_text="a later message")).not_to_have_attribute(
-        "data-pending", "true"
-    )
+    await expect(alice.bot()).to_have_count(2)
+    await expect(alice.bot().nth(1)).to_have_attribute("data-final", "true")
 
-    await alice.bot().get_by_test_id("open-thread").click()
-    thread = alice.page.get_by_test_id("thread")
-    await expect(thread).to_be_visible()
-    await expect(alice.page.get_by_test_id("thread-parent")).to_contain_text(first_answer)
+    await alice.bot().first.get_by_test_id("open-thread").click()
+    await expect(alice.page.get_by_test_id("thread")).to_be_visible()
+    await expect(alice.page.get_by_test_id("thread-parent")).to_contain_text(first.splitlines()[0])
     await alice.page.get_by_test_id("thread-input").fill("tell me more")
     await alice.page.get_by_test_id("thread-send").click()
-
     replies = alice.page.locator('[data-testid="thread-messages"] > [data-kind="bot"]')
     await expect(replies).to_have_count(1)
     await expect(replies).to_have_attribute("data-final", "true")
-    # The fork sees the channel up to the answer it hangs off, not the later channel message.
-    await expect(replies.get_by_test_id("text")).to_have_text(
-        "I see: alice: @bot first question | alice: tell me more"
-    )
-    await expect(alice.bot()).to_have_count(1)  # the thread answer stays in the thread
-    await expect(alice.bot().get_by_test_id("open-thread")).to_have_text("2 replies")
+    assert await replies.get_by_test_id("text").text_content() == demo_answer("alice", "tell me more")
+    await expect(alice.bot()).to_have_count(2)  # the thread answer stays in the thread
+    await expect(alice.bot().first.get_by_test_id("open-thread")).to_have_text("2 replies")
     assert alice.errors == []
+
+    # The operator's view of the same storage: the thread is a fork of the channel's conversation, and it
+    # holds the channel up to the answer it hangs off, not the later channel message.
+    assert await bot.stop() == 0
+    report = json.loads((await cli(bot.config, "inspect", "--json", env=bot.env)).stdout)
+    (thread,) = [c for c in report["conversations"] if c["parent"] is not None]
+    places = {c["id"]: c["place"] for c in report["conversations"]}
+    (channel,) = [i for i, p in places.items() if p and p["channel"] == "general" and p.get("thread") is None]
+    assert thread["parent"]["conversation_id"] == channel
+    assert places[thread["id"]]["channel"] == "general" and places[thread["id"]]["thread"] is not None
+    exported = await cli(bot.config, "export", str(thread["id"]), env=bot.env)
+    assert exported.returncode == 0, exported.stderr
+    entries = [json.loads(line) for line in exported.stdout.splitlines()]
+    asked = [e["model"][0]["content"] for e in entries if e["kind"] == "core.user"]
+    assert asked == ["alice: hello", "alice: tell me more"]
 
 
 async def test_approve_by_the_configured_approver_runs_the_deploy_once(
-    browser: Browser, server: ServerProcess
+    browser: Browser, bot: BotServer, webhook: Webhook
 ) -> None:
-    alice = await open_tab(browser, server, "alice", "ops")
-    carol = await open_tab(browser, server, "carol", "ops")
-    boss = await open_tab(browser, server, "boss", "ops")
-    await alice.say("@bot deploy api please")
-    for tab in (alice, carol, boss):
+    alice = await open_tab(browser, bot, "alice", "ops")
+    carol = await open_tab(browser, bot, "carol", "ops")
+    lead = await open_tab(browser, bot, "lead", "ops")  # config/ops.toml: approvers = ["lead"]
+    await alice.say("deploy payments 2.8.0")
+    for tab in (alice, carol, lead):
         card = tab.page.get_by_test_id("approval")
         await expect(card).to_have_attribute("data-status", "pending")
-        await expect(card.get_by_test_id("approval-args")).to_contain_text('"service": "api"')
-    row = boss.page.get_by_test_id("approvals").get_by_test_id("approval-row")
+        await expect(card.get_by_test_id("approval-args")).to_contain_text('"service": "payments"')
+        await expect(card.get_by_test_id("approval-args")).to_contain_text('"version": "2.8.0"')
+    row = lead.page.get_by_test_id("approvals").get_by_test_id("approval-row")
     await expect(row).to_have_attribute("data-status", "pending")
+    gate = int(await alice.page.get_by_test_id("approval").get_attribute("data-gate") or 0)
 
     await carol.page.get_by_test_id("approve").click()
     await expect(carol.page.get_by_test_id("approval-notice")).to_contain_text("carol is not an approver")
-    await expect(boss.page.get_by_test_id("approval-notice")).to_have_count(0)  # refusals are private
+    await expect(lead.page.get_by_test_id("approval-notice")).to_have_count(0)  # refusals are private
     await expect(alice.page.get_by_test_id("approval-notice")).to_have_count(0)
-    assert server.deploys() == []
+    assert webhook.calls == []
 
-    await boss.page.get_by_test_id("approve").click()
-    for tab in (alice, carol, boss):
+    await lead.page.get_by_test_id("approve").click()
+    for tab in (alice, carol, lead):
         card = tab.page.get_by_test_id("approval")
         await expect(card).to_have_attribute("data-status", "approved")
-        await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by boss at")
+        await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
         await expect(card.get_by_test_id("approve")).to_have_count(0)
-        answer = tab.bot().filter(has_text="Deploy finished")
+        answer = tab.bot().filter(has_text="Deployed payments 2.8.0 after approval")
         await expect(answer).to_have_attribute("data-final", "true")
-        await expect(answer.get_by_test_id("text")).to_have_text(
-            f"Deploy finished: deployed api (deploy-{server.deploys()[0].split('deploy-')[1]})"
+        await expect(answer.get_by_test_id("text")).to_contain_text(
+            f"accepted by the deploy webhook (HTTP 200, idempotency key deploy-{gate})"
         )
     await expect(row).to_have_attribute("data-status", "approved")
-    await expect(row).to_contain_text("by boss")
-    assert len(server.deploys()) == 1
-    assert [t.errors for t in (alice, carol, boss)] == [[], [], []]
+    await expect(row).to_contain_text("by lead")
+    (headers, body), *more = webhook.calls
+    assert more == [], webhook.calls  # the deploy ran once
+    assert headers["Idempotency-Key"] == f"deploy-{gate}"
+    assert (body["service"], body["version"], body["idempotency_key"]) == (
+        "payments",
+        "2.8.0",
+        f"deploy-{gate}",
+    )
+    assert (body["requested_by"], body["approved_by"], body["bot"]) == ("alice", "lead", "ops-bot")
+    assert [t.errors for t in (alice, carol, lead)] == [[], [], []]
 
 
-async def test_server_killed_mid_answer_restarts_and_the_page_shows_the_answer_once(
-    browser: Browser, server: ServerProcess
+async def test_bot_killed_mid_answer_restarts_and_the_page_shows_the_answer_once(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
 ) -> None:
-    alice = await open_tab(browser, server, "alice")
+    bot = await start_bot(delay_ms=40)  # the demo's help answer streams for seconds: time to kill it
+    alice = await open_tab(browser, bot, "alice")
     await alice.page.evaluate(WATCH_BOT_BUBBLES)
-    await alice.say("@bot tell me a story")
+    await alice.say("hello")
+    answer = demo_answer("alice", "hello")
     await expect(alice.bot()).to_have_attribute("data-final", "false")
-    await expect(alice.bot().get_by_test_id("text")).to_contain_text("Once upon")
+    await expect(alice.bot().get_by_test_id("text")).to_contain_text("offline demo model")
 
-    await server.kill()
-    with sqlite3.connect(server.workdir / "devchat.sqlite") as db:
+    await bot.kill()
+    with sqlite3.connect(bot.workdir / "devchat.sqlite") as db:
         shown = db.execute("SELECT text, final FROM messages WHERE kind = 'bot'").fetchall()
-    assert len(shown) == 1 and shown[0][1] == 0 and shown[0][0] != STORY  # killed mid-answer
+    assert len(shown) == 1 and shown[0][1] == 0 and shown[0][0] != answer  # killed mid-answer
     await expect(alice.page.get_by_test_id("status")).to_have_attribute("data-state", "reconnecting")
 
-    await server.start()  # same port, same files
+    await bot.start()  # same port, same files
     await alice.connected()
-    await expect(alice.bot().get_by_test_id("text")).to_have_text(STORY)
     await expect(alice.bot()).to_have_attribute("data-final", "true")
+    assert await alice.bot().get_by_test_id("text").text_content() == answer
     await expect(alice.bot()).to_have_count(1)
     await expect(alice.humans()).to_have_count(1)
     states: list[str] = await alice.page.evaluate("window.__bot")
     assert len({state.split("|", 1)[0] for state in states}) == 1, states  # never a second bubble
-    assert states[-1].endswith(f"|true|{STORY}")
+    assert states[-1].endswith(f"|true|{answer}")
+    with sqlite3.connect(bot.workdir / "devchat.sqlite") as db:
+        assert db.execute("SELECT text, final FROM messages WHERE kind = 'bot'").fetchall() == [(answer, 1)]
     assert alice.errors == []
+
+
+async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a_parked_one(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
+) -> None:
+    # `fragile` (tests/bots/bots_crash_tools.py) SIGKILLs the bot every time it runs, until `repaired` exists;
+    # with restart_limit = 1 its task is parked at the second restart.
+    bot = await start_bot(delay_ms=40, crash_tools=True, restart_limit=1)
+    alice = await open_tab(browser, bot, "alice")
+    tasks = alice.page.get_by_test_id("tasks").get_by_test_id("task")
+
+    await alice.say("hello")  # an answer streaming for seconds: its task runs
+    running = tasks.and_(alice.page.locator('[data-state="running"]'))
+    await expect(running.first).to_contain_text("#general")
+    await expect(alice.bot()).to_have_attribute("data-final", "true")
+    await expect(running).to_have_count(0)
+
+    await alice.say("deploy payments 2.8.0")  # waits for an approver
+    waiting = tasks.and_(alice.page.locator('[data-state="waiting"]')).filter(has_text="core.tool deploy")
+    await expect(waiting).to_have_count(1)
+    await expect(waiting).to_contain_text("#general")
+
+    # In #ops: #general's run is waiting for the approver, so a message there would queue behind it.
+    bob = await open_tab(browser, bot, "bob", "ops")
+    await bob.say("/call fragile {}")
+    assert bot.process is not None
+    assert await bot.process.wait() == -9, bot.log()  # killed by the tool
+    await expect(alice.page.get_by_test_id("status")).to_have_attribute("data-state", "reconnecting")
+    await bot.start_and_crash()  # the restart replays it (replay="safe"): killed again, the limit is used up
+    await bot.start()
+    assert any("1 parked task(s)" in line for line in bot.lines), bot.lines
+    await alice.connected()
+    parked = tasks.and_(alice.page.locator('[data-state="parked"]'))
+    await expect(parked).to_have_count(1)
+    await expect(parked).to_contain_text("core.tool")
+    await expect(parked).to_contain_text("restarted 2 times")
+    await expect(waiting).to_have_count(1)  # the deploy still waits, untouched by the crashes
+    await expect(tasks.get_by_test_id("retry")).to_have_count(1)  # only a parked task can be retried
+    assert ledger(bot.workdir) == ["fragile", "fragile"]
+
+    (bot.workdir / "repaired").touch()  # the operator fixes the cause, then presses Retry
+    await parked.get_by_test_id("retry").click()
+    await expect(alice.page.get_by_test_id("notices")).to_contain_text("scheduled again")
+    await expect(parked).to_have_count(0)
+    result = bob.bot().filter(has_text="`fragile` returned:")
+    await expect(result).to_have_attribute("data-final", "true")
+    await expect(result.get_by_test_id("text")).to_contain_text("worked this time")
+    assert ledger(bot.workdir) == ["fragile", "fragile", "fragile"]  # ran once more, to completion
+    await expect(waiting).to_have_count(1)
+    assert alice.errors == [] and bob.errors == []
