@@ -6,15 +6,13 @@ is answered and shown once; a later reopen fires nothing again."""
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash.support import Run
+from crash.support import run_worker as run_crash_worker
 
 from adapters.bridge.testing import MemoryTransport
 from harness_core import Submission, Task
@@ -105,46 +103,11 @@ async def test_timer_survives_close_and_fires_once_at_its_time(tmp_path: Path, b
 # --- a real process, SIGKILLed ------------------------------------------------------------------------------
 
 
-@dataclass
-class Run:
-    returncode: int
-    events: list[dict[str, Any]] = field(default_factory=list)
-    stderr: str = ""
-
-    @property
-    def killed(self) -> bool:
-        return self.returncode == -signal.SIGKILL
-
-    def event(self, name: str) -> dict[str, Any]:
-        found = [e for e in self.events if e["event"] == name]
-        assert found, f"no {name!r} event in {self.events}\n{self.stderr}"
-        return found[-1]
-
-
 async def run_worker(
     workdir: Path, action: str, options: dict[str, Any], *, kill_on: str | None = None
 ) -> Run:
-    """Run `worker.py`; SIGKILL it when it prints `kill_on`."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        action,
-        str(workdir),
-        json.dumps(options),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None and process.stderr is not None
-    events: list[dict[str, Any]] = []
-    while line := await process.stdout.readline():
-        events.append(json.loads(line))
-        if events[-1]["event"] == kill_on:
-            process.kill()
-            break
-    stderr = (await process.stderr.read()).decode()
-    await process.wait()
-    assert process.returncode is not None
-    return Run(process.returncode, events, stderr)
+    """Run this directory's `worker.py`; SIGKILL it when it prints `kill_on`."""
+    return await run_crash_worker(workdir, action, options, kill_on=kill_on, worker=WORKER)
 
 
 def posts(workdir: Path) -> list[str]:

@@ -36,12 +36,13 @@ async def run_worker(
     *,
     kill_on: str | None = None,
     kill_after: int = 1,
+    worker: Path = WORKER,
 ) -> Run:
     """Start the worker; if `kill_on` names an event, SIGKILL the process when it has printed it `kill_after`
     times. Returns the exit status and the events printed."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(WORKER),
+        str(worker),
         scenario,
         str(workdir),
         json.dumps(options or {}),
