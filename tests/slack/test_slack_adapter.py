@@ -4,36 +4,10 @@ loopback fake Slack, over Socket Mode. Waits are event-driven (bot output, fake 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from slack_e2e import STORY, Bots, People, add_people, replies_of_bot
+from slack_e2e import STORY, Bots, People, replies_of_bot
 
 from adapters.slack.testing import Channel, FakeSlack, RecordedCall, SocketConnection
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack(ack_timeout=10.0) as running:
-        yield running
-
-
-@pytest.fixture
-def people(fake: FakeSlack) -> People:
-    return add_people(fake)
-
-
-@pytest.fixture
-def general(fake: FakeSlack) -> Channel:
-    return fake.add_channel("general")
-
-
-@pytest.fixture
-async def bots(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[Bots]:
-    running = Bots(fake, tmp_path)
-    yield running
-    await running.close()
 
 
 async def test_one_post_delivered_eight_times_is_one_input_and_one_answer(

@@ -7,34 +7,14 @@ it (`kill_on`), or the test kills it when the bot process reports a state (`held
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from slack_e2e import STORY, Bots, People, add_people, approval_messages, button, replies_of_bot
+from slack_e2e import STORY, Bots, People, approval_messages, button, replies_of_bot
 
 from adapters.slack.testing import FakeSlack, RecordedCall
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack(ack_timeout=10.0) as running:
-        yield running
-
-
-@pytest.fixture
-def people(fake: FakeSlack) -> People:
-    return add_people(fake)
-
-
-@pytest.fixture
-async def bots(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[Bots]:
-    running = Bots(fake, tmp_path)
-    yield running
-    await running.close()
 
 
 def newest_pid(bots: Bots) -> Any:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from slack_e2e import Bots, People, add_people, approval_messages, button, replies_of_bot
+from slack_e2e import Bots, People, approval_messages, button, replies_of_bot
 
 from adapters.slack.testing import FakeSlack
 
@@ -22,18 +21,6 @@ HTTP = {"slack": {"mode": "http", "port": 0}}
 async def fake() -> AsyncIterator[FakeSlack]:
     async with FakeSlack(mode="http", ack_timeout=10.0) as running:
         yield running
-
-
-@pytest.fixture
-def people(fake: FakeSlack) -> People:
-    return add_people(fake)
-
-
-@pytest.fixture
-async def bots(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[Bots]:
-    running = Bots(fake, tmp_path)
-    yield running
-    await running.close()
 
 
 def event_body(fake: FakeSlack, event: Any, event_id: str) -> dict[str, Any]:

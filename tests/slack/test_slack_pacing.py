@@ -6,11 +6,9 @@ written into that channel for a second. Assertions are lower bounds on spacing, 
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from slack_e2e import STORY, Bots, People, add_people, replies_of_bot
+from slack_e2e import STORY, Bots, People, replies_of_bot
 
 from adapters.slack.testing import Channel, FakeSlack, RecordedCall
 
@@ -19,24 +17,6 @@ pytestmark = pytest.mark.timeout(90)
 INTERVAL = 0.25
 TOLERANCE = 0.01  # the bridge spaces writes from the end of the previous one; this only absorbs rounding
 WRITES = ("chat.postMessage", "chat.update", "chat.startStream", "chat.appendStream", "chat.stopStream")
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack(ack_timeout=10.0) as running:
-        yield running
-
-
-@pytest.fixture
-def people(fake: FakeSlack) -> People:
-    return add_people(fake)
-
-
-@pytest.fixture
-async def bots(fake: FakeSlack, tmp_path: Path) -> AsyncIterator[Bots]:
-    running = Bots(fake, tmp_path)
-    yield running
-    await running.close()
 
 
 def writes_into(fake: FakeSlack, channel: Channel) -> list[RecordedCall]:
