@@ -36,7 +36,8 @@ class DevchatOptions(BaseModel):
     """Display names allowed to click Approve/Deny on devchat. None: the bridge's approval policy alone decides
     (its approver ids are devchat display names). When set, a click must pass this list AND the policy."""
     edit_interval: float = Field(0.2, ge=0.0, le=10.0)
-    """Seconds between edits of a streaming answer (devchat has no rate limit)."""
+    """Seconds between two writes into one channel, shared by every answer there (devchat has no rate limit;
+    this only keeps the page calm)."""
     max_chars: int = Field(4000, ge=200, le=100_000)
     """Longest message text; longer answers are split by the bridge."""
     keep_events: int = Field(10_000, ge=100)

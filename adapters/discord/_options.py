@@ -26,7 +26,8 @@ class DiscordOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     edit_interval: float = Field(1.0, gt=0, le=60)
-    """Seconds between two edits of one streaming message (Discord tolerates about one edit per second)."""
+    """Seconds between two writes into one channel (sends and edits of every answer there share it; Discord's
+    per-channel bucket allows about one per second)."""
     max_ratelimit_timeout: float = Field(30.0, ge=30, le=3600)
     """A 429 asking to wait longer than this is not slept through by discord.py; the bridge retries the call
     later instead (discord.py does not accept less than 30 s)."""

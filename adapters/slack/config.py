@@ -35,7 +35,8 @@ class SlackOptions(BaseModel):
     """Longest message part. Slack truncates `text` past 40,000 characters, recommends under 4,000, and takes
     at most 12,000 characters of `markdown_text` per call: 3,500 leaves room for markdown expansion."""
     edit_interval: float = Field(default=1.0, ge=0.0, le=60.0)
-    """Seconds between two updates of one streaming message (`chat.update` is Tier 3, ~50/min)."""
+    """Seconds between two writes into one channel (posts, stream appends and `chat.update`s of every answer
+    there share it; Slack allows about one message per second per channel, `chat.update` is Tier 3)."""
     stream: bool = True
     """Stream partial answers inside threads with `chat.startStream`/`appendStream`/`stopStream`."""
     catch_up: bool = True
