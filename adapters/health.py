@@ -44,12 +44,18 @@ class TransportHealth:
         return dataclasses.replace(self)
 
     def summary(self) -> str:
-        """One line for operators: `2 connection(s) opened, 1 reconnect(s), 1 stale (no pong ...)`."""
+        """One line for operators: `2 connection(s) opened, 1 reconnect(s), 1 stale (last: no pong ...)`."""
         text = (
-            f"{'connected' if self.connected else 'not connected'}, "
             f"{self.connections_opened} connection(s) opened, {self.reconnects} reconnect(s), "
             f"{self.stale_detections} stale"
         )
         if self.last_stale_reason is not None:
             text += f" (last: {self.last_stale_reason})"
         return text
+
+
+def health_of(adapter: object) -> TransportHealth | None:
+    """The adapter's `health()` if it has one (Slack, Discord; devchat holds no outgoing connection)."""
+    method = getattr(adapter, "health", None)
+    health = method() if callable(method) else None
+    return health if isinstance(health, TransportHealth) else None
