@@ -26,6 +26,7 @@ import httpx
 
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
+from adapters.health import health_of
 from bots.config import OPS_TOOLS, BotConfig, Problem
 from bots.demo import demo_delay, demo_provider
 from bots.ops import OpsContext, history_extension, ops_extension
@@ -486,6 +487,9 @@ async def run_bot(
                 await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)
             except Exception as exc:
                 log.warning("adapter %s did not stop cleanly: %r", adapter.name, exc)
+            health = health_of(adapter)
+            if health is not None and health.connections_opened:
+                console.say(f"{adapter.name}: {health.summary()}")
         try:
             await asyncio.wait_for(runtime.close(), SHUTDOWN_STEP_TIMEOUT * 2)
         except Exception as exc:

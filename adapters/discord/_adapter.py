@@ -8,6 +8,11 @@
 - Delivery: `DiscordTransport` (nonce + footer marker, paced edits, 2000-character parts).
 - Approvals: `ApprovalButton` is registered in `setup_hook` on every start; a click is deferred at once
   (type 6), decided by the bridge, and refused clicks get an ephemeral answer.
+- Health: discord.py closes a connection on which no frame (HEARTBEAT_ACK or event) came for
+  `heartbeat_timeout` seconds and RESUMEs on a new one (with exponential backoff between failed attempts); a
+  RESUME replays what the dead connection missed, a fresh session is followed by a catch-up. The adapter
+  watches the frames (debug events) to tell such a stale connection from one the gateway closed, counts both in
+  `health()`, and warns once per stale connection.
 
 Every task the adapter starts (the gateway connection, the intake worker) is owned here and awaited in `stop()`.
 """
@@ -31,12 +36,14 @@ from adapters.discord._intake import DM_WORKSPACE, PLATFORM, Converter, is_human
 from adapters.discord._options import DiscordSettings
 from adapters.discord._render import refusal_text
 from adapters.discord._transport import DiscordTransport
+from adapters.health import TransportHealth
 from harness_core import HarnessClosed
 
 log = logging.getLogger("adapters.discord")
 
 STOP_GRACE = 5.0  # seconds the intake worker gets to finish the message in hand at stop()
 RETRY_CAP = 30.0
+IDENTIFY_WAIT = 5.0  # discord.py's before_identify_hook sleeps this long before every IDENTIFY but the first
 
 
 class DiscordStartError(RuntimeError):
@@ -67,8 +74,18 @@ class _Client(discord.Client):
 
     def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
         # Seen synchronously, in gateway order, before discord.py schedules its handler tasks.
+        if event == "socket_raw_receive":  # any frame (enable_debug_events): the connection is alive
+            self.adapter._frame()
+            return  # no handler of ours wants raw frames
+        if event == "socket_raw_send":
+            return
         if event == "connect":  # a fresh session (READY), not a RESUME: events in between are lost
             self.adapter._fresh_session()
+            self.adapter._session_opened()
+        elif event == "resumed":
+            self.adapter._session_opened()
+        elif event == "disconnect":
+            self.adapter._disconnected()
         elif event == "message" and args and isinstance(args[0], discord.Message):
             self.adapter._live_message(args[0])
         super().dispatch(event, *args, **kwargs)
@@ -93,9 +110,16 @@ class DiscordAdapter:
         self._stopping = False
         self._worker: asyncio.Task[None] | None = None
         self._gateway: asyncio.Task[None] | None = None
+        self._health = TransportHealth("discord")
+        self._last_frame = time.perf_counter()  # discord.py's keep-alive clock
+        self._interval_warned = False
 
     def __repr__(self) -> str:
         return f"DiscordAdapter(options={self.settings.options!r})"  # never the token
+
+    def health(self) -> TransportHealth:
+        """Gateway sessions opened (READY or RESUMED), reconnects, stale (deaf) connections detected (a copy)."""
+        return self._health.copy()
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -118,6 +142,8 @@ class DiscordAdapter:
             intents=self._intents(),
             guild_ready_timeout=options.guild_ready_timeout,
             max_ratelimit_timeout=options.max_ratelimit_timeout,
+            heartbeat_timeout=options.heartbeat_timeout,
+            enable_debug_events=True,  # socket_raw_receive: when the last frame came (see _disconnected)
         )
         self.converter = Converter(client)
         self.transport = DiscordTransport(
@@ -210,12 +236,54 @@ class DiscordAdapter:
                 gateway.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await gateway
+        self._health.lost()
 
     # --- events (called synchronously from the client's dispatch) ----------------------------------------
 
     def _fresh_session(self) -> None:
         self._catch_up_needed = True
         self._wake.set()
+
+    def _frame(self) -> None:
+        self._last_frame = time.perf_counter()
+
+    def _session_opened(self) -> None:
+        self._frame()
+        self._health.opened()
+        if self._health.reconnects:
+            log.info("discord: gateway session back (connection %d)", self._health.connections_opened)
+        client = self.client
+        keep_alive = client.ws._keep_alive if client is not None and client.ws is not None else None
+        timeout = self.settings.options.heartbeat_timeout
+        interval = keep_alive.interval if keep_alive is not None else None
+        if interval is not None and timeout <= interval + IDENTIFY_WAIT and not self._interval_warned:
+            self._interval_warned = True
+            log.warning(
+                "discord: heartbeat_timeout (%gs) is too short for the gateway's heartbeat interval (%gs) "
+                "plus the %gs discord.py waits before a new IDENTIFY: after a session Discord does not "
+                "resume, every new one would be taken for dead before it starts",
+                timeout,
+                interval,
+                IDENTIFY_WAIT,
+            )
+
+    def _disconnected(self) -> None:
+        """discord.py gave up on the connection (any reason). Stale if nothing came for heartbeat_timeout: that
+        is discord.py's own rule (keep-alive thread or receive timeout), so this names its decision."""
+        if not self._health.connected:
+            return  # a failed reconnect attempt: that connection was never up
+        silent = time.perf_counter() - self._last_frame
+        timeout = self.settings.options.heartbeat_timeout
+        if self._stopping or silent < timeout:
+            self._health.lost()
+            return
+        reason = f"no frame (heartbeat ACK or event) for {silent:.1f}s, heartbeat_timeout {timeout:g}s"
+        self._health.stale(reason)
+        log.warning(
+            "discord: the gateway connection went silent (%s); reconnecting (stale detection %d)",
+            reason,
+            self._health.stale_detections,
+        )
 
     def _live_message(self, message: discord.Message) -> None:
         if self._stopping:

@@ -143,6 +143,12 @@ class GatewayConnection:
     server_close_code: int | None = None
     client_close_code: int | None = None
     open: bool = True
+    deaf: bool = False
+    """Half-open (``FakeDiscord.go_deaf``): the socket stays up, but heartbeats get no HEARTBEAT_ACK and every
+    frame Discord sends on it (dispatches, ops) is lost on the way. A session's events still count and are
+    logged, so a RESUME elsewhere replays them."""
+    heartbeats_unanswered: int = 0
+    frames_lost: int = 0
     _queue: asyncio.Queue[_Outgoing] = field(default_factory=asyncio.Queue, repr=False)
     _compressor: _Compressor = field(default_factory=_Plain, repr=False)
 
@@ -397,6 +403,13 @@ class FakeGateway:
                 if item.sent is not None and not item.sent.done():
                     item.sent.set_result(True)
                 continue
+            if conn.deaf:  # Discord wrote it; it never reaches the client
+                conn.frames_lost += 1
+                if item.on_sent is not None:
+                    item.on_sent()
+                if item.sent is not None and not item.sent.done():
+                    item.sent.set_result(True)
+                continue
             ok = False
             if not ws.closed:
                 frame = conn._compressor.frame(item.text)
@@ -446,7 +459,9 @@ class FakeGateway:
         if op == 1:
             conn.heartbeats += 1
             conn.last_heartbeat_seq = data if isinstance(data, int) else None
-            if self.ack_heartbeats:
+            if conn.deaf:
+                conn.heartbeats_unanswered += 1
+            elif self.ack_heartbeats:
                 self._send_op(conn, 11, None)
             self._notify()
         elif op == 2:

@@ -47,6 +47,12 @@ class DiscordOptions(BaseModel):
     """discord.py's wait for GUILD_CREATE events after READY."""
     ready_timeout: float = Field(60.0, gt=0, le=600)
     """How long `start()` waits for the gateway session and the startup catch-up."""
+    heartbeat_timeout: float = Field(60.0, ge=1, le=600)
+    """Seconds without any frame from the gateway (a HEARTBEAT_ACK or an event) after which discord.py takes
+    the connection for dead, even if the socket looks open, closes it and RESUMEs on a new one (60 is
+    discord.py's default). It must exceed the heartbeat interval Discord sends in HELLO (41.25 s) plus 5 s:
+    discord.py waits 5 s before a new IDENTIFY without reading the socket, so a shorter timeout kills every
+    new session before it starts (the adapter warns when it sees that)."""
 
 
 @dataclass(frozen=True)

@@ -585,6 +585,24 @@ class FakeDiscord:
     def release_new_connections(self) -> None:
         self._gateway.release_new_connections()
 
+    def go_deaf(self, connection: GatewayConnection | None = None) -> GatewayConnection:
+        """Make a gateway connection half-open: the websocket stays up, but from now on the client hears
+        nothing on it: no HEARTBEAT_ACK, no dispatch, no op. Its session goes on numbering and logging events
+        (a RESUME on a new connection replays them) until the client gives up on the connection. Default: the
+        one open connection of a connected session."""
+        if connection is None:
+            live = [c for c in self._gateway.connections if c.open and c.session is not None]
+            if len(live) != 1:
+                raise ValueError(
+                    f"go_deaf(): {len(live)} identified open connections; name the one to deafen"
+                )
+            connection = live[0]
+        if not connection.open:
+            raise ValueError(f"go_deaf(): connection {connection.id} is closed")
+        connection.deaf = True
+        self._notify()
+        return connection
+
     async def drop_connections(self, code: int = 4000) -> int:
         """Close every gateway websocket with ``code``. 4000 keeps sessions resumable; 4004/4010-4014 end them."""
         count = self._gateway.drop_connections(code)

@@ -171,7 +171,7 @@ class Deliverer:
         ticket = request.query.get("ticket", "")
         if ticket not in self._tickets:
             return web.json_response({"ok": False, "error": "invalid_ticket"}, status=401)
-        ws = web.WebSocketResponse(autoping=True)
+        ws = web.WebSocketResponse(autoping=False)  # pings are answered below, unless the link went deaf
         await ws.prepare(request)
         hello = {
             "type": "hello",
@@ -186,8 +186,15 @@ class Deliverer:
             self._sockets[conn.id] = (ws, request)
             self._notify()
             async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    self._on_frame(conn, str(msg.data))
+                if msg.type == aiohttp.WSMsgType.PING:
+                    if conn.deaf:
+                        conn.pings_unanswered += 1
+                        self._notify()
+                    else:
+                        await ws.pong(msg.data)
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    if not conn.deaf:
+                        self._on_frame(conn, str(msg.data))
                 elif msg.type == aiohttp.WSMsgType.ERROR:
                     break
         except ConnectionError:
@@ -231,6 +238,9 @@ class Deliverer:
         attempt.envelope_id = frame["envelope_id"]
         attempt.connection_id = conn.id
         self._by_envelope[frame["envelope_id"]] = attempt
+        if conn.deaf:
+            conn.envelopes_lost += 1  # Slack sent it; it never arrives, so it is never acked
+            return
         try:
             await self._sockets[conn.id][0].send_str(json.dumps(frame))
         except (ConnectionError, RuntimeError):
@@ -246,8 +256,9 @@ class Deliverer:
             entry = self._sockets.get(conn.id)
             if entry is None:
                 continue
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await entry[0].send_str(json.dumps(frame))
+            if not conn.deaf:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await entry[0].send_str(json.dumps(frame))
             if close_after is not None:
                 self._spawn(self._close_later(conn, close_after, reason))
 

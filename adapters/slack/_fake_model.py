@@ -302,6 +302,11 @@ class SocketConnection:
     frames_received: list[JsonDict] = field(default_factory=list)
     """Every JSON frame the client sent (acks and anything else)."""
     close_reason: str | None = None
+    deaf: bool = False
+    """Half-open (``FakeSlack.go_deaf``): the socket stays up but nothing gets through either way: pings go
+    unanswered, envelopes sent to it and frames the app sends (acks) are lost."""
+    pings_unanswered: int = 0
+    envelopes_lost: int = 0
 
     @property
     def open(self) -> bool:

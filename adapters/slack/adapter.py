@@ -30,7 +30,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
-from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.adapter.socket_mode.async_internals import send_async_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
@@ -38,7 +37,9 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError
+from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
+from adapters.slack._socket import WatchedSocketModeClient
 from adapters.slack.blocks import ACTION_PATTERN, parse_action
 from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, parse_options
 from adapters.slack.directory import Directory
@@ -133,7 +134,8 @@ class SlackAdapter:
         self._session: aiohttp.ClientSession | None = None
         self._client: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
-        self._socket: AsyncSocketModeHandler | None = None
+        self._socket: WatchedSocketModeClient | None = None
+        self._health = TransportHealth("slack")  # Socket Mode connections (HTTP mode holds none)
         self._runner: web.AppRunner | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # click decisions (owned, drained in stop())
         self._inflight: set[asyncio.Task[Any]] = set()  # Socket Mode requests being handled (slack-sdk tasks)
@@ -141,6 +143,10 @@ class SlackAdapter:
 
     def __repr__(self) -> str:  # never show secrets
         return f"SlackAdapter(mode={self.options.mode!r}, url={self.url!r})"
+
+    def health(self) -> TransportHealth:
+        """Socket Mode: connections opened, reconnects, stale (deaf) connections detected (a copy)."""
+        return self._health.copy()
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -211,9 +217,10 @@ class SlackAdapter:
         if self._socket is not None:
             socket, self._socket = self._socket, None
             try:
-                await socket.close_async()  # type: ignore[no-untyped-call]
+                await socket.close()  # type: ignore[no-untyped-call]
             except Exception as exc:
                 log.warning("closing the Socket Mode connection failed: %s", exc)
+            self._health.lost()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -363,14 +370,19 @@ class SlackAdapter:
     # --- Socket Mode --------------------------------------------------------------------------------------------
 
     async def _start_socket(self) -> None:
-        assert self._app is not None and self._secrets.app_token is not None
-        handler = AsyncSocketModeHandler(
-            self._app, app_token=self._secrets.app_token, logger=logging.getLogger("adapters.slack.socket")
+        assert self._app is not None and self._client is not None and self._secrets.app_token is not None
+        client = WatchedSocketModeClient(
+            app_token=self._secrets.app_token,
+            web_client=self._client,
+            ping_interval=self.options.ping_interval,
+            health=self._health,
+            logger=logging.getLogger("adapters.slack.socket"),
         )
-        # Same as bolt's own handler, except that a request no listener handled (404) is still acknowledged.
-        handler.client.socket_mode_request_listeners[:] = [self._on_socket_request]
-        self._socket = handler
-        await handler.connect_async()  # type: ignore[no-untyped-call]
+        # What bolt's AsyncSocketModeHandler does, except that a request no listener handled (404) is still
+        # acknowledged, and that the client is watched (see _socket.py).
+        client.socket_mode_request_listeners.append(self._on_socket_request)
+        self._socket = client
+        await client.connect()
 
     async def _on_socket_request(self, client: Any, req: Any) -> None:
         # slack-sdk runs each envelope in a task it keeps no reference to: hold one, and drain them at stop().

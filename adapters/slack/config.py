@@ -51,6 +51,11 @@ class SlackOptions(BaseModel):
     """Seconds a user group's members (`usergroups.users.list`) are reused for approval checks."""
     lookup_timeout: float = Field(default=2.0, gt=0.0, le=30.0)
     """Seconds a lookup on the intake path (display names) may take before the user id stands in."""
+    ping_interval: float = Field(default=5.0, ge=0.1, le=60.0)
+    """Socket Mode: seconds between two pings on the connection. A connection on which a pong does not come
+    back within half an interval (or whose last pong is four intervals old) is taken for dead, even if the
+    socket looks open, and replaced (`apps.connections.open` again); Slack redelivers what it did not get
+    acked."""
 
 
 @dataclass(frozen=True)

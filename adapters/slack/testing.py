@@ -22,11 +22,12 @@ code talks to it, in this process or in another one (``fake.env`` gives the envi
 
 What it simulates: workspace state (channels, DMs, users, user groups, history with threads, edits,
 metadata, streaming), the Web API methods a bot adapter uses (``fake.supported_methods``), token checks,
-Socket Mode (``hello``, envelopes, acks, ``disconnect``, several connections, one random connection per
+Socket Mode (``hello``, envelopes, acks, pings, ``disconnect``, several connections, one random connection per
 envelope), the HTTP Events API (signed POSTs, retry headers, form-encoded interactions), Slack's 3-second ack
 window and its retries (same ``event_id``, ``retry_attempt`` 1..3), ``message`` + ``app_mention`` for one
 post, ``block_actions`` clicks and slash commands with a working ``response_url``, and faults (rate limits,
-errors, HTTP 5xx, dropped connections, request hooks that can SIGKILL a process at an exact moment).
+errors, HTTP 5xx, dropped connections, half-open "deaf" connections, request hooks that can SIGKILL a process
+at an exact moment).
 
 Timing fields on records (``sent_at``, ``acked_at``, ``received_at``...) are ``time.monotonic()`` seconds.
 Settings such as ``ack_timeout``, ``auto_retry``, ``mode`` or ``request_url`` are plain attributes that a
@@ -794,6 +795,23 @@ class FakeSlack:
         to one connection or all, and close it after ``close_after`` seconds unless the client did."""
         targets = [connection] if connection is not None else self.open_connections
         await self._deliverer.disconnect(targets, reason, close_after)
+
+    def go_deaf(self, connection: SocketConnection | None = None) -> SocketConnection:
+        """Make a Socket Mode connection half-open: the WebSocket (and its TCP connection) stays up, but from
+        now on nothing gets through in either direction. Pings go unanswered, envelopes Slack sends to it are
+        lost (so never acked: Slack retries them, on whichever connection is open then), and the app's frames
+        (acks) never arrive. The connection still counts as open, and Slack keeps choosing it for deliveries,
+        until the app closes it. Default: the only open connection."""
+        if connection is None:
+            open_now = self.open_connections
+            if len(open_now) != 1:
+                raise ValueError(f"go_deaf(): {len(open_now)} open connections; name the one to deafen")
+            connection = open_now[0]
+        if not connection.open:
+            raise ValueError(f"go_deaf(): connection {connection.id} is closed")
+        connection.deaf = True
+        self._notify()
+        return connection
 
     async def drop_connections(self, connection: SocketConnection | None = None) -> None:
         """Abort Socket Mode connections without a close handshake (a network failure)."""

@@ -72,6 +72,9 @@ async def test_slack_discord_and_devchat_in_one_process_each_get_their_answer(tm
     assert len(slack.bot_messages(slack_general)) == 1 and len(discord.bot_messages(discord_general)) == 1
     assert "durable-bots: stopping (SIGTERM)" in bot.output()
     assert "durable-bots: stopped cleanly" in bot.output()
+    # What the transport watchdogs saw, said at stop (devchat holds no outgoing connection).
+    for name in ("slack", "discord"):
+        assert f"{name}: 1 connection(s) opened, 0 reconnect(s), 0 stale" in bot.lines, bot.output()
 
     # One storage holds the three platforms' conversations.
     report = json.loads((await cli(config, "inspect", "--json", env=env)).stdout)

@@ -191,6 +191,10 @@ def test_create_validates_options_by_key_and_takes_secrets_only_from_the_environ
         create({"max_ratelimit_timeout": 5}, env)  # discord.py's floor is 30 s
     with pytest.raises(DiscordConfigError, match=r"adapters\.discord\.edit_age_limit"):
         create({"edit_age_limit": 4000}, env)  # Discord refuses edits of messages older than an hour
+    assert create({}, env).settings.options.heartbeat_timeout == 60.0  # discord.py's default
+    for bad in (0.5, 601, "soon"):
+        with pytest.raises(DiscordConfigError, match=r"adapters\.discord\.heartbeat_timeout"):
+            create({"heartbeat_timeout": bad}, env)
     with pytest.raises(DiscordConfigError, match="DISCORD_BOT_TOKEN is not set"):
         create({}, {"DISCORD_BOT_TOKEN": "  "})
     with pytest.raises(DiscordConfigError, match="DISCORD_API_URL must be an http"):
@@ -466,6 +470,78 @@ async def test_a_session_discord_did_not_resume_is_followed_by_a_catch_up(
         "re Bobby: during the gap",
         "re Alice: after",
     ]
+
+
+def stale_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "adapters.discord" and r.levelno == logging.WARNING and "went silent" in r.getMessage()
+    ]
+
+
+async def test_a_deaf_gateway_connection_is_replaced_and_resumed_and_loses_nothing(
+    fake: FakeDiscord, world: World, rig_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway stops answering on an open connection (no HEARTBEAT_ACK, no events). discord.py gives up on
+    it after heartbeat_timeout and RESUMEs on a new one; the RESUME replays what the deaf one swallowed."""
+    caplog.set_level(logging.INFO)
+    rig = await rig_factory(options={"heartbeat_timeout": 1.0})
+    await fake.user_sends(world.general, world.alice, "before")
+    await final(fake, world.general, "re Alice: before")
+    session = fake.sessions[0]
+    deaf = fake.go_deaf()
+    await fake.user_sends(world.general, world.bob, "while it was deaf")
+    assert deaf.frames_lost >= 1 and rig.adapter.health().stale_detections == 0
+    await fake.wait_for(lambda: not deaf.open and session.connected, timeout=15, what="the RESUME")
+    await final(fake, world.general, "re Bobby: while it was deaf")
+    await fake.user_sends(world.general, world.alice, "after")
+    await final(fake, world.general, "re Alice: after")
+    assert [m.content for m in world.answers()] == [
+        "re Alice: before",
+        "re Bobby: while it was deaf",
+        "re Alice: after",
+    ]
+    assert len(fake.sessions) == 1 and session.resumes == 1 and rig.adapter.catch_ups == 1
+    health = rig.adapter.health()
+    assert (health.connections_opened, health.reconnects, health.stale_detections) == (2, 1, 1)
+    assert health.connected and health.last_stale_reason is not None
+    assert "heartbeat_timeout 1s" in health.last_stale_reason
+    [warning] = stale_warnings(caplog)
+    assert warning.startswith("discord: the gateway connection went silent")
+    assert fake.token not in caplog.text
+    # 1 s is fine for a RESUME, but would not survive a re-IDENTIFY (heartbeat interval 0.5 s + 5 s): said once.
+    assert caplog.text.count("heartbeat_timeout (1s) is too short") == 1
+
+
+async def test_a_deaf_connection_whose_session_ended_meanwhile_is_followed_by_a_catch_up(
+    fake: FakeDiscord, world: World, rig_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same, but Discord ended the session while the connection was deaf: the RESUME is refused, discord.py
+    IDENTIFYs (a new session, nothing replayed) and the adapter catches up from history. The timeout covers
+    discord.py's 5 s wait before a new IDENTIFY, during which it reads nothing."""
+    rig = await rig_factory(options={"heartbeat_timeout": 6.0})
+    await fake.user_sends(world.general, world.alice, "before")  # catch-up reads the places the bot knows
+    await final(fake, world.general, "re Alice: before")
+    deaf = fake.go_deaf()
+    await fake.user_sends(world.general, world.bob, "while it was deaf")
+    await fake.invalidate_sessions(resumable=False)  # the op 9 is lost on the deaf connection too
+    await fake.wait_for(
+        lambda: len(fake.connected_sessions) == 1 and not deaf.open, timeout=30, what="IDENTIFY"
+    )
+    await final(fake, world.general, "re Bobby: while it was deaf")
+    await fake.user_sends(world.general, world.alice, "after")
+    await final(fake, world.general, "re Alice: after")
+    assert [m.content for m in world.answers()] == [
+        "re Alice: before",
+        "re Bobby: while it was deaf",
+        "re Alice: after",
+    ]
+    assert len(fake.sessions) == 2 and rig.adapter.catch_ups == 2
+    health = rig.adapter.health()
+    assert (health.connections_opened, health.reconnects, health.stale_detections) == (2, 1, 1)
+    assert len(stale_warnings(caplog)) == 1
+    assert "is too short" not in caplog.text
 
 
 async def test_reply_in_thread_policy_starts_the_thread_on_discord_and_answers_there(

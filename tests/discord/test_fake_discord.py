@@ -846,6 +846,22 @@ async def test_unacknowledged_heartbeats_make_discord_py_reconnect_and_resume(
         assert len(fake.sessions) == 1
 
 
+async def test_a_deaf_connection_gets_nothing_until_discord_py_gives_up_on_it_and_resumes(
+    fake: FakeDiscord, world: World
+) -> None:
+    async with running(Bot(intents=intents(), heartbeat_timeout=1.0), fake.token) as bot:
+        session = await fake.wait_for_session()
+        deaf = fake.go_deaf()
+        await fake.user_sends(world.general, world.alice, "into the void")  # logged, sent, never heard
+        assert deaf.open and deaf.frames_lost >= 1 and bot.contents() == []
+        await fake.wait_for(lambda: not deaf.open and session.connected, timeout=10, what="a RESUME")
+        assert deaf.heartbeats_unanswered >= 1 and session.resumes == 1
+        await fake.wait_for(lambda: bot.contents() == ["into the void"], what="the replay")
+        await fake.user_sends(world.general, world.alice, "and after")
+        await fake.wait_for(lambda: bot.contents() == ["into the void", "and after"], what="live delivery")
+        assert len(fake.sessions) == 1 and not fake.connections[-1].deaf
+
+
 async def test_world_changes_while_connected_are_dispatched(fake: FakeDiscord, world: World) -> None:
     async with running(Bot(intents=intents(members=True)), fake.token) as bot:
         guild = bot.get_guild(world.guild.id)

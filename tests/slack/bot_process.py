@@ -9,7 +9,7 @@ The model is a `FauxProvider` scripted from the request, so every process (and e
 fork) contains.
 
 Prints JSON lines on stdout: `ready` (with `url` in HTTP mode), `intake` (every committed or duplicate
-intake, with the submission's status), `held`, `stopped`. Runs until SIGTERM, then shuts down gracefully
+intake, with the submission's status), `held`, `stopped` (with the adapter's transport `health`). Runs until SIGTERM, then shuts down gracefully
 (adapter, bridge, harness).
 
 Test-only knobs (options): `hold_after_intake` blocks the first new intake after its commit, so the ack never
@@ -21,6 +21,7 @@ until stdin says `release`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -205,11 +206,12 @@ async def main() -> None:
     emit("ready", url=adapter.url, pid=os.getpid())
     await stop.wait()
     await adapter.stop()
+    health = dataclasses.asdict(adapter.health())
     await bridge.stop()
     await harness.close()
     commands.cancel()
     await asyncio.gather(commands, return_exceptions=True)
-    emit("stopped")
+    emit("stopped", health=health)
 
 
 if __name__ == "__main__":

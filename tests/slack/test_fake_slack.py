@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -635,6 +636,46 @@ async def test_socket_mode_redelivery_reuses_the_event_id(
     await fake.wait_for(lambda: len(seen) == 4)
     assert seen == [("message", delivery.event_id, str(n)) for n in range(4)]
     assert len({a.envelope_id for a in delivery.attempts}) == 4
+
+
+async def test_a_deaf_socket_stays_open_but_answers_no_ping_and_loses_envelopes_and_acks(
+    ws: Workspace,
+) -> None:
+    """`go_deaf` models a half-open link: the app sees an open WebSocket that no longer hears anything."""
+    fake = ws.fake
+    opener = AsyncWebClient(base_url=fake.api_url)
+
+    async def socket_url() -> str:
+        return str((await opener.apps_connections_open(app_token=fake.app_token))["url"])
+
+    async with aiohttp.ClientSession() as session:
+        first = await session.ws_connect(await socket_url(), autoping=False)
+        assert (await first.receive_json())["type"] == "hello"
+        await first.ping(b"are you there")
+        pong = await first.receive()
+        assert (pong.type, pong.data) == (aiohttp.WSMsgType.PONG, b"are you there")
+        conn = fake.go_deaf()
+        await first.ping(b"still there?")
+        await fake.wait_for(lambda: conn.pings_unanswered == 1)
+        post = await fake.user_posts(ws.general, ws.alice, "into the void")
+        delivery = post.deliveries[0]
+        attempt = delivery.attempts[0]
+        assert attempt.connection_id == conn.id and conn.envelopes_lost == 1  # Slack chose it: still "open"
+        await first.send_json({"envelope_id": attempt.envelope_id})  # an ack that never arrives
+        await first.ping(b"last try")
+        await fake.wait_for(lambda: conn.pings_unanswered == 2)
+        assert conn.frames_received == [] and not delivery.acked and conn.open and not first.closed
+
+        await first.close()  # the app gives up on it: Slack sees the socket close
+        await fake.wait_for(lambda: not conn.open)
+        second = await session.ws_connect(await socket_url(), autoping=False)
+        assert (await second.receive_json())["type"] == "hello"
+        retry = await fake.deliver(delivery, retry_num=1)
+        frame = await second.receive_json()
+        assert frame["payload"]["event_id"] == delivery.event_id and frame["retry_attempt"] == 1
+        await second.send_json({"envelope_id": frame["envelope_id"]})
+        assert await retry.wait_settled(5) == "acked"
+        await second.close()
 
 
 async def test_socket_mode_unacked_envelope_is_retried(

@@ -4,6 +4,7 @@ loopback fake Slack, over Socket Mode. Waits are event-driven (bot output, fake 
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from slack_e2e import STORY, Bots, People, replies_of_bot
 
@@ -285,6 +286,78 @@ async def test_socket_mode_disconnect_frames_reconnect_and_lose_or_repeat_nothin
         f"answer to Alice: {mention} after the reconnect",
     ]
     assert len(fake.calls_to("apps.connections.open")) == 3
+
+
+async def test_a_deaf_socket_is_replaced_and_what_was_lost_on_it_is_redelivered_and_taken_in_once(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """A half-open Socket Mode connection: the socket stays open, but Slack no longer answers pings and what
+    it sends there never arrives. The bot's pings find it dead, it opens a new connection, and Slack's retries
+    of the two envelopes (`message` + `app_mention`) lost on the deaf one become one input and one answer."""
+    fake.ack_timeout, fake.auto_retry, fake.retry_delays = 1.0, True, (0.5,)
+    mention = f"<@{fake.bot_user_id}>"
+    bot = await bots.start({"slack": {"ping_interval": 0.2}})
+    await fake.user_posts(general, people.bob, f"{mention} before")
+    await fake.wait_for_message(general, contains="answer to Bob", timeout=10)
+
+    deaf = fake.go_deaf()
+    lost = await fake.user_posts(general, people.alice, f"{mention} are you there?")
+    assert [d.attempts[0].connection_id for d in lost.deliveries] == [deaf.id, deaf.id]
+    new = await fake.wait_for(lambda: not deaf.open and only_open(fake), 15)
+    assert deaf.pings_unanswered >= 1 and deaf.envelopes_lost >= 2 and new is not deaf
+    assert len(fake.calls_to("apps.connections.open")) == 2
+    await lost.wait_acked(15)  # Slack's retries, acked on the new connection
+    assert all(d.attempts[0].outcome == "timed_out" for d in lost.deliveries)
+    assert {d.attempts[-1].connection_id for d in lost.deliveries} == {new.id}
+    await fake.wait_for_message(general, contains="are you there?", timeout=10)
+
+    after = await fake.user_posts(general, people.carol, f"{mention} after the reconnect")
+    await after.wait_acked(10)
+    await fake.wait_for_message(general, contains="after the reconnect", timeout=10)
+    await bot.stop()
+
+    by_text = {
+        text: sorted(e["outcome"] for e in bot.intakes() if e["text"] == f"{mention} {text}")
+        for text in ("are you there?", "after the reconnect")
+    }
+    assert by_text == {
+        "are you there?": ["answering", "duplicate"],
+        "after the reconnect": ["answering", "duplicate"],
+    }
+    assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
+        f"answer to Bob: {mention} before",
+        f"answer to Alice: {mention} are you there?",
+        f"answer to Carol: {mention} after the reconnect",
+    ]
+    health = bot.event("stopped")["health"]
+    assert health["connections_opened"] == 2 and health["reconnects"] == 1
+    assert health["stale_detections"] == 1 and "no pong" in health["last_stale_reason"]
+    warnings = [line for line in bot.log().splitlines() if "WARNING" in line and "went silent" in line]
+    assert len(warnings) == 1 and "Slack" in warnings[0], bot.log()
+    assert fake.app_token not in bot.log() and fake.bot_token not in bot.log()
+
+
+async def test_when_apps_connections_open_keeps_failing_the_bot_backs_off_then_comes_back(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """slack-sdk alone asks for a new socket URL every ping interval, forever; the adapter doubles the pause
+    after each failure (lower bounds only: each pause at least ping_interval * 2^(n-1))."""
+    mention = f"<@{fake.bot_user_id}>"
+    bot = await bots.start({"slack": {"ping_interval": 0.2}})
+    fake.fail("apps.connections.open", "internal_error", times=3)
+    deaf = fake.go_deaf()
+    new = await fake.wait_for(lambda: not deaf.open and only_open(fake), 20)
+    opens = fake.calls_to("apps.connections.open")
+    assert [c.ok for c in opens] == [True, False, False, False, True]
+    pauses = [later.received_at - earlier.received_at for earlier, later in itertools.pairwise(opens[1:])]
+    assert [pause >= 0.2 * 2**n for n, pause in enumerate(pauses)] == [True, True, True], pauses
+    post = await fake.user_posts(general, people.alice, f"{mention} back?")
+    await post.wait_acked(10)
+    assert {d.attempts[0].connection_id for d in post.deliveries} == {new.id}
+    await fake.wait_for_message(general, contains="back?", timeout=10)
+    await bot.stop()
+    health = bot.event("stopped")["health"]
+    assert (health["connections_opened"], health["reconnects"], health["stale_detections"]) == (2, 1, 1)
 
 
 def only_open(fake: FakeSlack) -> SocketConnection | None:

@@ -49,6 +49,11 @@ def test_options_are_validated_and_errors_name_the_key() -> None:
         create({"max_chars": 50_000}, ENV)
     with pytest.raises(SlackConfigError, match=r"adapters\.slack\.mode"):
         create({"mode": "rtm"}, ENV)
+    assert create({}, ENV).options.ping_interval == 5.0  # slack-sdk's own default (bolt's handler uses 10)
+    assert create({"ping_interval": 0.5}, ENV).options.ping_interval == 0.5
+    for bad in (0, 0.05, 61, "often"):
+        with pytest.raises(SlackConfigError, match=r"adapters\.slack\.ping_interval"):
+            create({"ping_interval": bad}, ENV)
 
 
 def test_secrets_come_only_from_the_environment_and_never_show() -> None:

@@ -1,0 +1,100 @@
+"""slack-sdk's aiohttp Socket Mode client, watched: it counts connections, names why one was replaced, and
+backs off when `apps.connections.open` keeps failing.
+
+How a deaf connection is found (slack-sdk 3.x, verified in its code): the client pings every `ping_interval`
+and opens the WebSocket with aiohttp's `heartbeat=ping_interval`, so aiohttp closes a connection on which no
+pong came within half an interval of its ping. slack-sdk's own monitor also gives up on a session whose last
+pong is 4 intervals old. Either way the monitor then calls `connect_to_new_endpoint`, which asks
+`apps.connections.open` for a new URL and connects again. That is the one place every replacement goes
+through (a `disconnect` frame from Slack too, with `force=True`), so the reason is judged there, once per
+connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from aiohttp import ClientWebSocketResponse, ServerTimeoutError
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.health import TransportHealth
+
+log = logging.getLogger("adapters.slack")
+
+BACKOFF_CAP = 60.0  # seconds: the longest wait before asking apps.connections.open again
+
+
+class WatchedSocketModeClient(SocketModeClient):
+    def __init__(
+        self,
+        *,
+        app_token: str,
+        web_client: AsyncWebClient,
+        ping_interval: float,
+        health: TransportHealth,
+        logger: logging.Logger,
+    ) -> None:
+        super().__init__(
+            app_token=app_token, web_client=web_client, ping_interval=ping_interval, logger=logger
+        )
+        self.health = health
+        self._judged: ClientWebSocketResponse | None = None  # the session whose end was already counted
+        self._failures = 0  # apps.connections.open failures in a row
+
+    async def connect(self) -> None:
+        before = self.current_session
+        await super().connect()  # type: ignore[no-untyped-call]
+        session = self.current_session
+        if session is not None and session is not before and not self.closed:
+            self.health.opened()
+            if self.health.reconnects:
+                log.info("Slack: Socket Mode reconnected (connection %d)", self.health.connections_opened)
+
+    async def connect_to_new_endpoint(self, force: bool = False) -> None:
+        self._judge(force)
+        await super().connect_to_new_endpoint(force)
+
+    def _judge(self, force: bool) -> None:
+        """Why the current session is being replaced, counted once per session."""
+        session = self.current_session
+        if session is None or session is self._judged or self.closed:
+            return
+        reason: str | None = None
+        if force:
+            reason = None  # Slack asked for it (`disconnect` frame): a rotation, not a failure
+        elif self.stale:  # slack-sdk: the last pong is 4 ping intervals old
+            reason = f"no pong for {4 * self.ping_interval:g}s (4 ping intervals)"
+        elif session.closed and isinstance(session.exception(), ServerTimeoutError):
+            reason = f"no pong within {self.ping_interval / 2:g}s of a ping"
+        elif not session.closed:
+            return  # still fine: slack-sdk will not replace it
+        self._judged = session
+        if reason is None:
+            self.health.lost()
+            return
+        self.health.stale(reason)
+        log.warning(
+            "Slack: the Socket Mode connection went silent (%s); opening a new one (stale detection %d)",
+            reason,
+            self.health.stale_detections,
+        )
+
+    async def issue_new_wss_url(self) -> str:
+        # slack-sdk retries a failed apps.connections.open every ping interval, forever: back off instead.
+        if self._failures:
+            delay = min(BACKOFF_CAP, self.ping_interval * 2 ** (self._failures - 1))
+            delay *= 1 + random.random() / 4  # jitter, so many bots do not ask at the same moment
+            log.info(
+                "Slack: apps.connections.open failed %d time(s); retrying in %.1fs", self._failures, delay
+            )
+            await asyncio.sleep(delay)
+        try:
+            url = await super().issue_new_wss_url()
+        except Exception:
+            self._failures += 1
+            raise
+        self._failures = 0
+        return url
