@@ -134,7 +134,7 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     assert await first.wait() == -9
 
     second = await bots.start()
-    assert second.events[-1]["caught_up"] == 0  # the question was already taken in: not asked twice
+    assert (await second.ready())["caught_up"] == 0  # the question was already taken in: not asked twice
     refused = await fake.click(gate, f"durable-bots:approve:{gate_id}", world.bob)
     assert refused.answered_in_time and refused.response_type == 6  # deferred within 3 s
     await fake.wait_for(lambda: refused.followups, what="bob's refusal")
@@ -160,7 +160,7 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     # Another restart: the decided gate is never asked again and deploy does not run twice.
     assert await second.terminate() == 0
     third = await bots.start()
-    assert third.events[-1]["caught_up"] == 0
+    assert (await third.ready())["caught_up"] == 0
     assert await third.terminate() == 0
     assert len(bots.ledger()) == 1
     assert len([m for m in world.answers() if m.custom_ids() or m.content.startswith("✅")]) == 1
@@ -201,7 +201,7 @@ async def test_sigkill_between_post_and_record_beyond_the_nonce_window_posts_onc
     fake.clock.advance(fake.nonce_window + 60)
 
     second = await bots.start()
-    assert second.events[-1]["caught_up"] == 1  # bob's message, read from history
+    assert (await second.ready())["caught_up"] == 1  # bob's message, read from history
     answer = await wait_text(fake, world.general, "re Alice: status report please")
     await wait_text(fake, world.general, "re Bobby: sent while the bot was dead")
     assert answer.id == orphan.id  # reconciled and finished in place, not posted again
@@ -299,14 +299,14 @@ async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_resta
     await fake.user_sends_in_thread(thread, world.alice, "what do you see here?")
 
     second = await bots.start()
-    assert second.events[-1]["caught_up"] == 2
+    assert (await second.ready())["caught_up"] == 2
     await wait_text(fake, world.general, "re Bobby: anyone there?")
     seen = await wait_final(fake, thread, "seen:")
     assert seen.content == "seen: Alice: hello | Alice: what do you see here?"  # forked at the answer
     assert await second.terminate() == 0
 
     third = await bots.start()
-    assert third.events[-1]["caught_up"] == 0
+    assert (await third.ready())["caught_up"] == 0
     assert await third.terminate() == 0
     assert [m.content for m in world.answers()] == ["re Alice: hello", "re Bobby: anyone there?"]
     assert [m.content for m in world.answers(thread) if m.type.value == 0] == [seen.content]
