@@ -382,6 +382,21 @@ class SlackAdapter:
         # acknowledged, and that the client is watched (see _socket.py).
         client.socket_mode_request_listeners.append(self._on_socket_request)
         self._socket = client
+        # slack-sdk's connect loop retries a refused apps.connections.open forever: a wrong SLACK_APP_TOKEN
+        # would leave a bot that never hears anything. Ask for the first URL here and fail loudly on a refusal;
+        # a transient failure is left to the loop (with the watched client's backoff).
+        try:
+            opened = await call(
+                "apps.connections.open", self._client.apps_connections_open(app_token=client.app_token)
+            )
+            client.wss_uri = str(opened["url"])
+        except SlackPermanentError as exc:
+            raise SlackPermanentError(
+                exc.method,
+                f"{exc.error} (SLACK_APP_TOKEN must be an app-level token, xapp-…, with connections:write)",
+            ) from None
+        except TransportError as exc:
+            log.warning("Slack: apps.connections.open failed (%s); retrying", exc)
         await client.connect()
 
     async def _on_socket_request(self, client: Any, req: Any) -> None:

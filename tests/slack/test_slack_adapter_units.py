@@ -18,6 +18,7 @@ from adapters.base import Adapter
 from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, RetryLater
 from adapters.bridge.text import render_partial
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
+from adapters.slack._api import SlackPermanentError
 from adapters.slack.blocks import approval_blocks, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
@@ -312,6 +313,28 @@ async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_runn
     assert logged  # debug logging was on
     for secret in (fake.bot_token, fake.app_token, fake.signing_secret):
         assert secret not in logged
+
+
+async def test_a_refused_app_token_fails_the_start_loudly_instead_of_retrying_forever(
+    fake: FakeSlack,
+) -> None:
+    """slack-sdk's own connect loop would ask apps.connections.open again every few seconds, for ever."""
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(FauxProvider()), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    adapter = create({"mode": "socket", "catch_up": False}, {**fake.env, "SLACK_APP_TOKEN": "xapp-revoked"})
+    await bridge.start()
+    try:
+        with pytest.raises(SlackPermanentError) as refused:
+            await asyncio.wait_for(adapter.start(bridge), 10)
+    finally:
+        await bridge.stop()
+        await harness.close()
+    assert refused.value.method == "apps.connections.open"
+    assert "invalid_auth" in str(refused.value) and "SLACK_APP_TOKEN" in str(refused.value)
+    assert "xapp-revoked" not in str(refused.value)
+    assert len(fake.calls_to("apps.connections.open")) == 1
 
 
 @pytest.mark.parametrize(
