@@ -7,7 +7,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from harness_core._ancestry import ancestry, visible_in
-from harness_core._json import strict_copy
+from harness_core._json import check_json, strict_copy
 from harness_core._jsondiff import json_diff
 from harness_core._layers import DocState, Layer
 from harness_core.documents import DocAddress, DocDefinition, DocDraft, address_of, migrated
@@ -542,10 +542,10 @@ class Tx:
         batch.tasks = list(self.local.tasks.values())
         batch.submissions = list(self.local.submissions.values())
         for task in batch.tasks:
-            strict_copy(task.input, f"task {task.id} input")
+            check_json(task.input, f"task {task.id} input")
             if task.state.checkpoint is not None:
-                strict_copy(task.state.checkpoint, f"task {task.id} checkpoint")
-            strict_copy(task.memos, f"task {task.id} memos")
+                check_json(task.state.checkpoint, f"task {task.id} checkpoint")
+            check_json(task.memos, f"task {task.id} memos")
         publication.conversations = batch.conversations
         publication.entries = batch.entries
         publication.tasks = batch.tasks
