@@ -39,25 +39,34 @@ class LiveView:
                 return found if found.live else None
         return self.published.live_tasks.get(task_id)
 
-    def _ids(self, indexed: set[int] | None, matches: Callable[[Task], bool]) -> list[Task]:
-        ids = set(indexed or ())
-        for layer in self.layers:
-            ids.update(t.id for t in layer.tasks.values() if matches(t))
+    def _ids(self, candidates: list[set[int] | None], matches: Callable[[Task], bool]) -> list[Task]:
+        # Candidates from the published index and each layer's index are a superset; the task as this commit
+        # sees it decides.
+        ids: set[int] = set()
+        for found_ids in candidates:
+            if found_ids:
+                ids.update(found_ids)
         found = [self.live(i) for i in ids]
         return sorted((t for t in found if t is not None and matches(t)), key=lambda t: t.id)
 
     def children(self, owner_id: int) -> list[Task]:
-        return self._ids(self.published.by_owner.get(owner_id), lambda t: t.owner_task_id == owner_id)
+        return self._ids(
+            [self.published.by_owner.get(owner_id), *(la.task_owners.get(owner_id) for la in self.layers)],
+            lambda t: t.owner_task_id == owner_id,
+        )
 
     def in_conversation(self, conversation_id: int) -> list[Task]:
         return self._ids(
-            self.published.by_conversation.get(conversation_id),
+            [
+                self.published.by_conversation.get(conversation_id),
+                *(la.task_conversations.get(conversation_id) for la in self.layers),
+            ],
             lambda t: t.conversation_id == conversation_id,
         )
 
     def waiters_of(self, task_id: int) -> list[Task]:
         return self._ids(
-            self.published.waiters.get(task_id),
+            [self.published.waiters.get(task_id), *(la.task_waiters.get(task_id) for la in self.layers)],
             lambda t: t.state.status == "waiting" and task_id in t.state.on,
         )
 

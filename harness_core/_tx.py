@@ -363,7 +363,7 @@ class Tx:
         self._check()
         if task.seq != self.seq:
             task = task.model_copy(update={"seq": self.seq})
-        self.local.tasks[task.id] = task
+        self.local.put_task(task)
         return task
 
     def put_submission(self, submission: Submission) -> Submission:
