@@ -98,6 +98,17 @@ class ContextCache:
             return head, entries
         return head, [e for e in entries if e.id <= cutoff]
 
+    def entry(self, conversation_id: int, entry_id: int) -> Entry | None:
+        """The entry if the conversation's cached range holds it (e.g. the assistant entry a tool call comes
+        from), else None: read storage. Entries are immutable, so a cached one is the stored one."""
+        cached = self._ranges.get(conversation_id)
+        if cached is None or not cached.ready:
+            return None
+        index = bisect.bisect_left(cached.ids, entry_id)
+        if index < len(cached.ids) and cached.ids[index] == entry_id:
+            return cached.entries[index]
+        return None
+
     def derived(self, conversation_id: int, entries: list[Entry], derive: Callable[[], Any]) -> Any:
         """The view derived from `entries` (a prefix of the cached range), computed once per range state.
         Views are shared: callers must not mutate them."""

@@ -111,8 +111,14 @@ class Layer:
 class Published:
     """Durable state kept in memory. Updated only after storage acknowledged the writes."""
 
-    def __init__(self, *, conversation_capacity: int = 4096, doc_capacity: int = 4096) -> None:
+    def __init__(
+        self, *, conversation_capacity: int = 4096, doc_capacity: int = 4096, ended_capacity: int = 512
+    ) -> None:
         self.live_tasks: dict[int, Task] = {}
+        # Tasks that ended recently, as stored: an owner reads its children's outcomes right after they end
+        # (a generation after its tool round), which would otherwise be a storage read each. Every task write
+        # passes through adopt(), which refreshes or drops the entry, so a hit is the stored record.
+        self.ended: LRU[int, Task] = LRU(ended_capacity)
         self.conversations: LRU[int, Conversation] = LRU(conversation_capacity)
         self.docs: LRU[DocAddress, DocState | None] = LRU(doc_capacity)
         # Ids of the conversations each live task owns, so reconciliation (which asks whenever a task ends)
@@ -166,8 +172,10 @@ class Published:
                     self.task_docs.setdefault(task.id, set())
                 self.live_tasks[task.id] = task
                 self._index(task)
+                self.ended.discard(task.id)
             else:
                 self.live_tasks.pop(task.id, None)
+                self.ended.put(task.id, task)
                 self.owned.pop(task.id, None)
                 self.task_docs.pop(task.id, None)
         for submission in layer.submissions.values():

@@ -733,12 +733,20 @@ class Harness:
 
     async def wait_submission(self, submission_id: int) -> Submission:
         self.resume()
+        future: asyncio.Future[Submission]
+        if submission_id in self.session.published.open_submissions:
+            # Unsettled as of the last stored commit. The commit that settles it is adopted and then published
+            # to `_on_publication` with no await in between, so a waiter registered here (no await since the
+            # check) is always resolved: no storage read needed.
+            future = asyncio.get_running_loop().create_future()
+            self._submission_waiters.setdefault(submission_id, []).append(future)
+            return await future
         record = await self.session.storage.submission(submission_id)
         if record is None:
             raise NotFound(f"submission {submission_id} does not exist")
         if _settled(record):
             return record
-        future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
+        future = asyncio.get_running_loop().create_future()
         self._submission_waiters.setdefault(submission_id, []).append(future)
         record = await self.session.storage.submission(submission_id)
         if record is not None and _settled(record) and not future.done():

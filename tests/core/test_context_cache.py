@@ -96,3 +96,30 @@ async def test_a_conversation_running_turns_keeps_agreeing() -> None:
     await assert_agrees(harness, fork.id)
     await assert_agrees(harness, root.id)
     await harness.close()
+
+
+async def test_entry_lookup_serves_only_committed_entries_of_a_cached_range() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    cache = harness.context_cache
+    first = await note(harness, root.id, "one")
+    assert cache.entry(root.id, first) is None  # nothing cached yet: the caller reads storage
+    await load_context(harness, root.id)
+    assert cache.entry(root.id, first) == await harness.entry(first)
+    later = await note(harness, root.id, "two")  # published into the cached range
+    assert cache.entry(root.id, later) == await harness.entry(later)
+    minted: list[int] = []
+
+    async def rolled_back(tx: Tx) -> None:
+        minted.append(
+            tx.append_entry(root.id, EntryDraft(kind="core.user", model=[UserMessage(content="x")])).id
+        )
+        raise RuntimeError("rolled back")
+
+    try:
+        await harness.commit(rolled_back)
+    except RuntimeError:
+        pass
+    assert cache.entry(root.id, minted[0]) is None and await harness.entry(minted[0]) is None
+    assert cache.entry(root.id + 1000, first) is None
+    await harness.close()
