@@ -165,6 +165,7 @@ class Reconciler:
                         update={
                             "state": TaskState(status="completing", outcome=task.state.outcome),
                             "memos": {},
+                            "seq": self.tx.seq,
                         }
                     )
                 )
@@ -183,18 +184,16 @@ class Reconciler:
                 update={
                     "state": task.state.model_copy(update={"status": "running"}),
                     "started_at": task.started_at if task.started_at is not None else self.tx.now,
+                    "seq": self.tx.seq,  # stamped here: put_task would copy the record again for it
                 }
             )
         )
 
     def _resume(self, task: Task) -> None:
-        state = TaskState(status="pending", checkpoint=task.state.checkpoint)
-        resumed = task.model_copy(update={"state": state})
-        if self.harness.scheduler.active and self.harness.registry.task(task.kind) is not None:
-            resumed = resumed.model_copy(
-                update={"state": TaskState(status="running", checkpoint=task.state.checkpoint)}
-            )
-        self.put(resumed)
+        # Reserved (running) at once while the scheduler runs and the definition is installed; one copy.
+        reserve = self.harness.scheduler.active and self.harness.registry.task(task.kind) is not None
+        state = TaskState(status="running" if reserve else "pending", checkpoint=task.state.checkpoint)
+        self.put(task.model_copy(update={"state": state, "seq": self.tx.seq}))
 
     async def _cascade(self, task: Task) -> None:
         """Mark every live non-background task below `task` for abort; withdraw inputs queued in owned
@@ -215,6 +214,7 @@ class Reconciler:
                 "state": TaskState(status="terminal", outcome=outcome),
                 "memos": {},
                 "ended_at": self.tx.now,
+                "seq": self.tx.seq,
             }
         )
         self.tx.put_task(final)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness_core._ancestry import ancestry, visible_in
 from harness_core._json import check_json, strict_copy
-from harness_core._jsondiff import json_diff
+from harness_core._jsondiff import copy_and_diff
 from harness_core._layers import DocState, Layer
 from harness_core.documents import DocAddress, DocDefinition, DocDraft, address_of, migrated
 from harness_core.errors import DraftRevoked, InvalidOperation, NotFound
@@ -581,16 +581,16 @@ class Tx:
         from harness_core._session import DocPublication
 
         definition = draft.definition
-        final = strict_copy(draft._final(), definition.kind)
         retiring = address in self._retired and self._retired[address].id == draft.record.id
         if draft.created:
+            final = strict_copy(draft._final(), definition.kind)
             batch.doc_creates.append(DocCreate(record=draft.record, version=definition.version, value=final))
             publication.docs.append(DocPublication(record=draft.record, value=final, ops=None, created=True))
             if not retiring:
                 self.local.docs[address] = DocState(draft.record, definition.version, final, 0)
             return
         version_changed = draft.stored_version != definition.version
-        ops = json_diff(draft.original, final)
+        final, ops = copy_and_diff(draft.original, draft._final(), definition.kind)
         if not ops and not version_changed:
             return
         deltas = draft.deltas

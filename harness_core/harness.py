@@ -487,7 +487,7 @@ class Harness:
         if isinstance(transition, Checkpoint):
             _check_checkpoint(transition.checkpoint)
             state = TaskState(status="running", checkpoint=strict_copy(transition.checkpoint))
-            return task.model_copy(update={"state": state, "restarts": 0})
+            return task.model_copy(update={"state": state, "restarts": 0, "seq": tx.seq})
         if isinstance(transition, Wait):
             _check_checkpoint(transition.checkpoint)
             for other in transition.on:
@@ -512,10 +512,13 @@ class Harness:
                 deadline=transition.deadline,
                 woken=task.state.woken,  # a wake that arrived before this wait
             )
-            return task.model_copy(update={"state": state, "restarts": 0})
+            return task.model_copy(update={"state": state, "restarts": 0, "seq": tx.seq})
         outcome = outcome_of(transition)
         outcome = outcome.model_copy(update={"result": strict_copy(outcome.result, "task result")})
-        return task.model_copy(update={"state": TaskState(status="terminal", outcome=outcome), "restarts": 0})
+        # The commit's seq is set here so put_task need not copy the record a second time.
+        return task.model_copy(
+            update={"state": TaskState(status="terminal", outcome=outcome), "restarts": 0, "seq": tx.seq}
+        )
 
     async def _memo(self, runtime: Any, name: str, candidate: Any) -> Any:
         value = strict_copy(candidate, f"memo {name}")
