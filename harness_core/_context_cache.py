@@ -33,7 +33,8 @@ class _Range:
     derived: tuple[tuple[int, int], Any] | None = None  # ((entry count, newest id), derived view)
 
     def add(self, entry: Entry) -> None:
-        self.derived = None
+        # `derived` is kept: its key (entry count, newest id) names one prefix state (entries are only ever
+        # added, and ids are unique and sorted), so `ContextCache.derived` can extend it or tell it is stale.
         if self.ids and entry.id <= self.ids[-1]:
             if entry.id in self.ids:
                 return
@@ -98,16 +99,43 @@ class ContextCache:
             return head, entries
         return head, [e for e in entries if e.id <= cutoff]
 
-    def derived(self, conversation_id: int, entries: list[Entry], derive: Callable[[], Any]) -> Any:
+    def entry(self, conversation_id: int, entry_id: int) -> Entry | None:
+        """The entry if the conversation's cached range holds it (e.g. the assistant entry a tool call comes
+        from), else None: read storage. Entries are immutable, so a cached one is the stored one."""
+        cached = self._ranges.get(conversation_id)
+        if cached is None or not cached.ready:
+            return None
+        index = bisect.bisect_left(cached.ids, entry_id)
+        if index < len(cached.ids) and cached.ids[index] == entry_id:
+            return cached.entries[index]
+        return None
+
+    def derived(
+        self,
+        conversation_id: int,
+        entries: list[Entry],
+        derive: Callable[[], Any],
+        extend: Callable[[Any, list[Entry]], Any] | None = None,
+    ) -> Any:
         """The view derived from `entries` (a prefix of the cached range), computed once per range state.
-        Views are shared: callers must not mutate them."""
+        When the last view is of a shorter prefix of the same entries, `extend(view, newer entries)` may
+        derive from the newer entries only (it returns None when it cannot). Views are shared: callers must
+        not mutate them."""
         cached = self._ranges.get(conversation_id)
         if cached is None or not cached.ready or cached.stale:
             return derive()
         key = (len(entries), entries[-1].id if entries else 0)
-        if cached.derived is not None and cached.derived[0] == key:
-            return cached.derived[1]
-        view = derive()
+        view: Any = None
+        if cached.derived is not None:
+            (count, newest), previous = cached.derived
+            if (count, newest) == key:
+                return previous
+            # A prefix of these entries iff its newest entry is at the same place (ids are unique, sorted and
+            # never removed, so an older entry inserted since would shift it).
+            if extend is not None and 0 < count < len(entries) and entries[count - 1].id == newest:
+                view = extend(previous, entries[count:])
+        if view is None:
+            view = derive()
         cached.derived = (key, view)
         return view
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness_core._json import _Bad, _copy, _error
+
 Op = dict[str, Any]
 
 
@@ -61,3 +63,67 @@ def _diff(src: Any, dst: Any, path: str, ops: list[Op]) -> None:
         return
     if not same(src, dst):
         ops.append({"op": "replace", "path": path, "value": dst})
+
+
+def copy_and_diff(src: Any, dst: Any, where: str) -> tuple[Any, list[Op]]:
+    """`strict_copy(dst, where)` and `json_diff(src, <that copy>)` in one walk: the same copy, the same ops
+    (their values shared with the copy), the same error for a value that is not strict JSON. Every drafted
+    document is copied and diffed at each commit; one walk instead of two."""
+    ops: list[Op] = []
+    try:
+        copied = _copy_diff(src, dst, "", ops)
+    except _Bad as bad:
+        raise _error(where, bad) from None
+    return copied, ops
+
+
+_PLAIN = frozenset((str, int, bool, type(None)))  # leaves that are their own strict copy
+
+
+def _copy_diff(src: Any, dst: Any, path: str, ops: list[Op]) -> Any:
+    kind = type(dst)
+    if kind is dict and type(src) is dict:
+        for key in src:
+            if key not in dst:
+                ops.append({"op": "remove", "path": _pointer(path, key)})
+        out: dict[str, Any] = {}
+        for key, value in dst.items():
+            if type(key) is not str:
+                raise _Bad(f"key {key!r} is not a string")
+            try:
+                if key not in src:
+                    out[key] = copied = _copy(value)
+                    ops.append({"op": "add", "path": _pointer(path, key), "value": copied})
+                    continue
+                old = src[key]
+                leaf = type(value)
+                if leaf in _PLAIN:
+                    out[key] = value
+                    if not (leaf is type(old) and old == value):
+                        ops.append({"op": "replace", "path": _pointer(path, key), "value": value})
+                    continue
+                out[key] = _copy_diff(old, value, _pointer(path, key), ops)
+            except _Bad as bad:
+                bad.parts.append(f".{key}")
+                raise
+        return out
+    if kind is list and type(src) is list and len(src) == len(dst):
+        items: list[Any] = []
+        for index, value in enumerate(dst):
+            old = src[index]
+            leaf = type(value)
+            if leaf in _PLAIN:
+                items.append(value)
+                if not (leaf is type(old) and old == value):
+                    ops.append({"op": "replace", "path": f"{path}/{index}", "value": value})
+                continue
+            try:
+                items.append(_copy_diff(old, value, f"{path}/{index}", ops))
+            except _Bad as bad:
+                bad.parts.append(f"[{index}]")
+                raise
+        return items
+    # Anything else: copy it whole, then diff as json_diff does (appends, truncations, replacements).
+    copied = _copy(dst)
+    _diff(src, copied, path, ops)
+    return copied

@@ -66,11 +66,26 @@ class Layer:
     by_request: dict[tuple[int, str], int] = field(default_factory=dict)
     docs: dict[DocAddress, DocState | None] = field(default_factory=dict)  # None: retired at this address
     owned_conversations: dict[int, list[int]] = field(default_factory=dict)
+    # Ids of the tasks written here, by owner task, by conversation and by each task a version waits on, so a
+    # commit's live-task lookups (`LiveView`) do not scan the whole group overlay. Ids are only ever added: a
+    # later version of a task may no longer match, so readers re-check the task they get (a superset is safe).
+    task_owners: dict[int, set[int]] = field(default_factory=dict)
+    task_conversations: dict[int, set[int]] = field(default_factory=dict)
+    task_waiters: dict[int, set[int]] = field(default_factory=dict)
 
     def add_conversation(self, conversation: Conversation) -> None:
         self.conversations[conversation.id] = conversation
         if conversation.owner_task_id is not None:
             self.owned_conversations.setdefault(conversation.owner_task_id, []).append(conversation.id)
+
+    def put_task(self, task: Task) -> None:
+        self.tasks[task.id] = task
+        if task.owner_task_id is not None:
+            self.task_owners.setdefault(task.owner_task_id, set()).add(task.id)
+        self.task_conversations.setdefault(task.conversation_id, set()).add(task.id)
+        if task.state.status == "waiting":
+            for other in task.state.on:
+                self.task_waiters.setdefault(other, set()).add(task.id)
 
     def add_entry(self, entry: Entry) -> None:
         self.entries[entry.id] = entry
@@ -86,7 +101,8 @@ class Layer:
             self.add_conversation(conversation)
         for entry in other.entries.values():
             self.add_entry(entry)
-        self.tasks.update(other.tasks)
+        for task in other.tasks.values():
+            self.put_task(task)
         for submission in other.submissions.values():
             self.put_submission(submission)
         self.docs.update(other.docs)
@@ -95,8 +111,14 @@ class Layer:
 class Published:
     """Durable state kept in memory. Updated only after storage acknowledged the writes."""
 
-    def __init__(self, *, conversation_capacity: int = 4096, doc_capacity: int = 4096) -> None:
+    def __init__(
+        self, *, conversation_capacity: int = 4096, doc_capacity: int = 4096, ended_capacity: int = 512
+    ) -> None:
         self.live_tasks: dict[int, Task] = {}
+        # Tasks that ended recently, as stored: an owner reads its children's outcomes right after they end
+        # (a generation after its tool round), which would otherwise be a storage read each. Every task write
+        # passes through adopt(), which refreshes or drops the entry, so a hit is the stored record.
+        self.ended: LRU[int, Task] = LRU(ended_capacity)
         self.conversations: LRU[int, Conversation] = LRU(conversation_capacity)
         self.docs: LRU[DocAddress, DocState | None] = LRU(doc_capacity)
         # Ids of the conversations each live task owns, so reconciliation (which asks whenever a task ends)
@@ -150,8 +172,10 @@ class Published:
                     self.task_docs.setdefault(task.id, set())
                 self.live_tasks[task.id] = task
                 self._index(task)
+                self.ended.discard(task.id)
             else:
                 self.live_tasks.pop(task.id, None)
+                self.ended.put(task.id, task)
                 self.owned.pop(task.id, None)
                 self.task_docs.pop(task.id, None)
         for submission in layer.submissions.values():

@@ -39,25 +39,34 @@ class LiveView:
                 return found if found.live else None
         return self.published.live_tasks.get(task_id)
 
-    def _ids(self, indexed: set[int] | None, matches: Callable[[Task], bool]) -> list[Task]:
-        ids = set(indexed or ())
-        for layer in self.layers:
-            ids.update(t.id for t in layer.tasks.values() if matches(t))
+    def _ids(self, candidates: list[set[int] | None], matches: Callable[[Task], bool]) -> list[Task]:
+        # Candidates from the published index and each layer's index are a superset; the task as this commit
+        # sees it decides.
+        ids: set[int] = set()
+        for found_ids in candidates:
+            if found_ids:
+                ids.update(found_ids)
         found = [self.live(i) for i in ids]
         return sorted((t for t in found if t is not None and matches(t)), key=lambda t: t.id)
 
     def children(self, owner_id: int) -> list[Task]:
-        return self._ids(self.published.by_owner.get(owner_id), lambda t: t.owner_task_id == owner_id)
+        return self._ids(
+            [self.published.by_owner.get(owner_id), *(la.task_owners.get(owner_id) for la in self.layers)],
+            lambda t: t.owner_task_id == owner_id,
+        )
 
     def in_conversation(self, conversation_id: int) -> list[Task]:
         return self._ids(
-            self.published.by_conversation.get(conversation_id),
+            [
+                self.published.by_conversation.get(conversation_id),
+                *(la.task_conversations.get(conversation_id) for la in self.layers),
+            ],
             lambda t: t.conversation_id == conversation_id,
         )
 
     def waiters_of(self, task_id: int) -> list[Task]:
         return self._ids(
-            self.published.waiters.get(task_id),
+            [self.published.waiters.get(task_id), *(la.task_waiters.get(task_id) for la in self.layers)],
             lambda t: t.state.status == "waiting" and task_id in t.state.on,
         )
 
@@ -156,6 +165,7 @@ class Reconciler:
                         update={
                             "state": TaskState(status="completing", outcome=task.state.outcome),
                             "memos": {},
+                            "seq": self.tx.seq,
                         }
                     )
                 )
@@ -174,18 +184,16 @@ class Reconciler:
                 update={
                     "state": task.state.model_copy(update={"status": "running"}),
                     "started_at": task.started_at if task.started_at is not None else self.tx.now,
+                    "seq": self.tx.seq,  # stamped here: put_task would copy the record again for it
                 }
             )
         )
 
     def _resume(self, task: Task) -> None:
-        state = TaskState(status="pending", checkpoint=task.state.checkpoint)
-        resumed = task.model_copy(update={"state": state})
-        if self.harness.scheduler.active and self.harness.registry.task(task.kind) is not None:
-            resumed = resumed.model_copy(
-                update={"state": TaskState(status="running", checkpoint=task.state.checkpoint)}
-            )
-        self.put(resumed)
+        # Reserved (running) at once while the scheduler runs and the definition is installed; one copy.
+        reserve = self.harness.scheduler.active and self.harness.registry.task(task.kind) is not None
+        state = TaskState(status="running" if reserve else "pending", checkpoint=task.state.checkpoint)
+        self.put(task.model_copy(update={"state": state, "seq": self.tx.seq}))
 
     async def _cascade(self, task: Task) -> None:
         """Mark every live non-background task below `task` for abort; withdraw inputs queued in owned
@@ -206,6 +214,7 @@ class Reconciler:
                 "state": TaskState(status="terminal", outcome=outcome),
                 "memos": {},
                 "ended_at": self.tx.now,
+                "seq": self.tx.seq,
             }
         )
         self.tx.put_task(final)

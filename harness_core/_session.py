@@ -259,6 +259,9 @@ class Session:
         found = self.published.live_tasks.get(task_id)
         if found is not None:
             return found
+        hit, ended = self.published.ended.get(task_id)
+        if hit:
+            return ended
         return await self.storage.task(task_id)
 
     async def read_conversation(self, conversation_id: int) -> Conversation | None:

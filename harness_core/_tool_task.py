@@ -149,7 +149,9 @@ async def _call_details(harness: Harness, task: Task) -> tuple[str, dict[str, An
     raw text in `partial_json` of a finished call)."""
     assistant_id = int(task.input["assistant"])
     call_id = str(task.input["call_id"])
-    entry = await harness.session.storage.entry(assistant_id)
+    entry = harness.context_cache.entry(task.conversation_id, assistant_id)
+    if entry is None:  # not in the cached active range: read it
+        entry = await harness.session.storage.entry(assistant_id)
     if entry is None or not entry.model:
         raise RuntimeError(f"tool task {task.id}: assistant entry {assistant_id} is missing")
     for message in entry.model:

@@ -7,8 +7,8 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from harness_core._ancestry import ancestry, visible_in
-from harness_core._json import strict_copy
-from harness_core._jsondiff import json_diff
+from harness_core._json import check_json, strict_copy
+from harness_core._jsondiff import copy_and_diff
 from harness_core._layers import DocState, Layer
 from harness_core.documents import DocAddress, DocDefinition, DocDraft, address_of, migrated
 from harness_core.errors import DraftRevoked, InvalidOperation, NotFound
@@ -363,7 +363,7 @@ class Tx:
         self._check()
         if task.seq != self.seq:
             task = task.model_copy(update={"seq": self.seq})
-        self.local.tasks[task.id] = task
+        self.local.put_task(task)
         return task
 
     def put_submission(self, submission: Submission) -> Submission:
@@ -542,10 +542,10 @@ class Tx:
         batch.tasks = list(self.local.tasks.values())
         batch.submissions = list(self.local.submissions.values())
         for task in batch.tasks:
-            strict_copy(task.input, f"task {task.id} input")
+            check_json(task.input, f"task {task.id} input")
             if task.state.checkpoint is not None:
-                strict_copy(task.state.checkpoint, f"task {task.id} checkpoint")
-            strict_copy(task.memos, f"task {task.id} memos")
+                check_json(task.state.checkpoint, f"task {task.id} checkpoint")
+            check_json(task.memos, f"task {task.id} memos")
         publication.conversations = batch.conversations
         publication.entries = batch.entries
         publication.tasks = batch.tasks
@@ -581,16 +581,16 @@ class Tx:
         from harness_core._session import DocPublication
 
         definition = draft.definition
-        final = strict_copy(draft._final(), definition.kind)
         retiring = address in self._retired and self._retired[address].id == draft.record.id
         if draft.created:
+            final = strict_copy(draft._final(), definition.kind)
             batch.doc_creates.append(DocCreate(record=draft.record, version=definition.version, value=final))
             publication.docs.append(DocPublication(record=draft.record, value=final, ops=None, created=True))
             if not retiring:
                 self.local.docs[address] = DocState(draft.record, definition.version, final, 0)
             return
         version_changed = draft.stored_version != definition.version
-        ops = json_diff(draft.original, final)
+        final, ops = copy_and_diff(draft.original, draft._final(), definition.kind)
         if not ops and not version_changed:
             return
         deltas = draft.deltas

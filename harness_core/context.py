@@ -41,6 +41,9 @@ class ContextView:
     entries: list[Entry]  # the active entries (marker first, then non-marker entries)
     contributions: list[list[Message]]  # per entry, after edits and exclusions, before reordering
     messages: list[Message] = field(default_factory=list)  # the final model context
+    # What `extend_context` needs to append entries without deriving again (None: derive whole).
+    edits: dict[int, ContextEdit] | None = field(default=None, repr=False, compare=False)
+    open_calls: bool = field(default=False, repr=False, compare=False)  # the last assistant awaits results
 
 
 def derive_context(head: Entry | None, entries: list[Entry]) -> ContextView:
@@ -56,16 +59,51 @@ def derive_context(head: Entry | None, entries: list[Entry]) -> ContextView:
     else:
         active = [e for e in entries if e.head is None]
 
-    contributions: list[list[Message]] = []
-    for entry in active:
-        messages = list(entry.model or ())
-        found = edits.get(entry.id)
-        if found is not None:
-            messages = [] if found.action == "omit" else list(found.messages or ())
-        contributions.append([m for m in messages if _included(m)])
-
+    contributions = [_contribution(entry, edits) for entry in active]
     flat = [m for group in contributions for m in group]
-    return ContextView(head=head, entries=active, contributions=contributions, messages=_arrange(flat))
+    paired, open_calls = _pair(flat)
+    return ContextView(
+        head=head,
+        entries=active,
+        contributions=contributions,
+        messages=_system_to_front(paired),
+        edits=edits,
+        open_calls=open_calls,
+    )
+
+
+def extend_context(view: ContextView, added: list[Entry]) -> ContextView | None:
+    """The view of `view`'s range followed by `added` (newer entries of the same range), derived from the new
+    entries only; None when that could differ from deriving the whole range (then derive it).
+
+    Appending is exact when the new entries carry no head marker and no edits (edits may change earlier
+    contributions), when no tool call of the view's last assistant still waits for a result (a new result
+    would move back to it), and when the view already holds a message other than a user message (rule 5 has
+    decided within it). Then every rule gives the old messages followed by the new entries' own."""
+    if view.edits is None or view.open_calls:
+        return None
+    if any(entry.head is not None or entry.edits for entry in added):
+        return None
+    if all(isinstance(message, UserMessage) for message in view.messages):
+        return None
+    contributions = [_contribution(entry, view.edits) for entry in added]
+    paired, open_calls = _pair([m for group in contributions for m in group])
+    return ContextView(
+        head=view.head,
+        entries=[*view.entries, *added],
+        contributions=[*view.contributions, *contributions],
+        messages=[*view.messages, *paired],
+        edits=view.edits,
+        open_calls=open_calls,
+    )
+
+
+def _contribution(entry: Entry, edits: dict[int, ContextEdit]) -> list[Message]:
+    messages = list(entry.model or ())
+    found = edits.get(entry.id)
+    if found is not None:
+        messages = [] if found.action == "omit" else list(found.messages or ())
+    return [m for m in messages if _included(m)]
 
 
 def _included(message: Message) -> bool:
@@ -73,6 +111,11 @@ def _included(message: Message) -> bool:
 
 
 def _arrange(messages: list[Message]) -> list[Message]:
+    return _system_to_front(_pair(messages)[0])
+
+
+def _pair(messages: list[Message]) -> tuple[list[Message], bool]:
+    """Rule 4. Also says whether the last assistant message has a call without a result."""
     out: list[Message] = []
     # Pair each result with the nearest preceding assistant that called it, if no other assistant came between.
     # Pairs are per assistant message: some models number call ids per turn, so an id repeats across turns.
@@ -111,7 +154,7 @@ def _arrange(messages: list[Message]) -> list[Message]:
                             timestamp=message.timestamp,
                         )
                     )
-    return _system_to_front(out)
+    return out, bool(pending_calls)
 
 
 def _system_to_front(messages: list[Message]) -> list[Message]:

@@ -11,7 +11,7 @@ from harness_core._feed import Feed
 from harness_core._inbox import Input, Write, admit, withdraw_inputs
 from harness_core._session import Publication
 from harness_core.agent import AgentChange, ResolvedAgent
-from harness_core.context import ContextView, derive_context
+from harness_core.context import ContextView, derive_context, extend_context
 from harness_core.documents import BUILTIN_DOCS, AgentDoc, DocDefinition, LiveDoc
 from harness_core.errors import HarnessClosed, NotFound, StorageRequestError
 from harness_core.messages import UserMessage
@@ -263,7 +263,7 @@ async def load_context(harness: Harness, conversation_id: int, cutoff: int | Non
         head, entries = await read_active_range(harness, conversation_id, cutoff)  # an earlier point
         return derive_context(head, entries)
     view: ContextView = harness.context_cache.derived(
-        conversation_id, entries, lambda: derive_context(head, entries)
+        conversation_id, entries, lambda: derive_context(head, entries), extend_context
     )
     return view
 

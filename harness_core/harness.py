@@ -487,7 +487,7 @@ class Harness:
         if isinstance(transition, Checkpoint):
             _check_checkpoint(transition.checkpoint)
             state = TaskState(status="running", checkpoint=strict_copy(transition.checkpoint))
-            return task.model_copy(update={"state": state, "restarts": 0})
+            return task.model_copy(update={"state": state, "restarts": 0, "seq": tx.seq})
         if isinstance(transition, Wait):
             _check_checkpoint(transition.checkpoint)
             for other in transition.on:
@@ -512,10 +512,13 @@ class Harness:
                 deadline=transition.deadline,
                 woken=task.state.woken,  # a wake that arrived before this wait
             )
-            return task.model_copy(update={"state": state, "restarts": 0})
+            return task.model_copy(update={"state": state, "restarts": 0, "seq": tx.seq})
         outcome = outcome_of(transition)
         outcome = outcome.model_copy(update={"result": strict_copy(outcome.result, "task result")})
-        return task.model_copy(update={"state": TaskState(status="terminal", outcome=outcome), "restarts": 0})
+        # The commit's seq is set here so put_task need not copy the record a second time.
+        return task.model_copy(
+            update={"state": TaskState(status="terminal", outcome=outcome), "restarts": 0, "seq": tx.seq}
+        )
 
     async def _memo(self, runtime: Any, name: str, candidate: Any) -> Any:
         value = strict_copy(candidate, f"memo {name}")
@@ -733,12 +736,20 @@ class Harness:
 
     async def wait_submission(self, submission_id: int) -> Submission:
         self.resume()
+        future: asyncio.Future[Submission]
+        if submission_id in self.session.published.open_submissions:
+            # Unsettled as of the last stored commit. The commit that settles it is adopted and then published
+            # to `_on_publication` with no await in between, so a waiter registered here (no await since the
+            # check) is always resolved: no storage read needed.
+            future = asyncio.get_running_loop().create_future()
+            self._submission_waiters.setdefault(submission_id, []).append(future)
+            return await future
         record = await self.session.storage.submission(submission_id)
         if record is None:
             raise NotFound(f"submission {submission_id} does not exist")
         if _settled(record):
             return record
-        future: asyncio.Future[Submission] = asyncio.get_running_loop().create_future()
+        future = asyncio.get_running_loop().create_future()
         self._submission_waiters.setdefault(submission_id, []).append(future)
         record = await self.session.storage.submission(submission_id)
         if record is not None and _settled(record) and not future.done():

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 from harness_core import CORE_ASSISTANT, CORE_COMPACTION, CORE_RESET, CORE_SYSTEM, CORE_TOOL_RESULT, CORE_USER
-from harness_core.context import MISSING_RESULT_TEXT, derive_context, provider_messages, replay_system
+from harness_core.context import (
+    MISSING_RESULT_TEXT,
+    derive_context,
+    extend_context,
+    provider_messages,
+    replay_system,
+)
 from harness_core.messages import (
     AssistantMessage,
     SystemMessage,
@@ -187,3 +195,62 @@ def test_call_ids_repeated_across_turns_pair_with_their_own_results() -> None:
     view = derive_context(None, entries)
     results = [m.text() for m in view.messages if isinstance(m, ToolResultMessage)]
     assert results == ["zurich sunny", "oslo sunny"]
+
+
+def _random_entry(rng: random.Random, entry_id: int, earlier: list[int]) -> Entry:
+    """Any mix the rules care about: users, system patches, assistants with or without calls (some aborted
+    or failed), results for recent or unknown calls, entries without messages, and edits of earlier entries."""
+    call_ids = ["c1", "c2", "c3"]
+    roll = rng.random()
+    extra: dict[str, object] = {}
+    if earlier and rng.random() < 0.08:
+        target = rng.choice(earlier)
+        edit = (
+            ContextEdit(target=target, action="omit")
+            if rng.random() < 0.5
+            else ContextEdit(target=target, action="replace", messages=[UserMessage(content=f"r{entry_id}")])
+        )
+        extra["edits"] = [edit]
+    if roll < 0.25:
+        return user(entry_id, f"u{entry_id}", **extra)
+    if roll < 0.32:
+        return Entry(
+            id=entry_id,
+            conversation_id=1,
+            kind=CORE_SYSTEM,
+            model=[SystemMessage(sections={"a": f"s{entry_id}"})],
+            **extra,  # type: ignore[arg-type]
+        )
+    if roll < 0.6:
+        calls = [ToolCall(id=call, name="t", arguments={}) for call in rng.sample(call_ids, rng.randrange(3))]
+        stop = rng.choice(["stop", "toolUse", "toolUse", "aborted", "error"])
+        entry = assistant(entry_id, f"a{entry_id}" if rng.random() < 0.7 else "", calls, stop)
+        return entry.model_copy(update=extra)
+    if roll < 0.93:
+        return result(entry_id, rng.choice([*call_ids, "x9"])).model_copy(update=extra)
+    return Entry(id=entry_id, conversation_id=1, kind="test.note", **extra)  # type: ignore[arg-type]
+
+
+def test_extending_a_view_equals_deriving_the_whole_range() -> None:
+    rng = random.Random(2024)
+    extended = 0
+    for _ in range(400):
+        head = None
+        if rng.random() < 0.3:
+            head = Entry(id=1, conversation_id=1, kind=CORE_RESET, head=1, model=[UserMessage(content="h")])
+        entries: list[Entry] = [head] if head is not None else []
+        for entry_id in range(2, 2 + rng.randrange(1, 30)):
+            entries.append(_random_entry(rng, entry_id, [e.id for e in entries]))
+        cut = rng.randrange(1, len(entries) + 1)
+        view = derive_context(head, entries[:cut])
+        while cut < len(entries):
+            step = rng.randrange(1, 4)
+            whole = derive_context(head, entries[: cut + step])
+            grown = extend_context(view, entries[cut : cut + step])
+            if grown is not None:
+                extended += 1
+                assert grown == whole
+                assert grown.open_calls == whole.open_calls and grown.edits == whole.edits
+            view = grown or whole
+            cut += step
+    assert extended > 300  # the common case (no edits, every call answered) is extended, not derived

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from harness_core import EntryDraft, Harness, Input, Tx
+from harness_core.context import derive_context
 from harness_core.conversation import load_context, read_active_range
 from harness_core.messages import UserMessage
 from harness_core.models.faux import faux_assistant
@@ -20,6 +21,7 @@ async def assert_agrees(harness: Harness, conversation_id: int, cutoff: int | No
         e.id for e in entries if e.head is None
     ]
     assert cached.head == head
+    assert cached == derive_context(head, entries)  # an extended view equals the one derived whole
 
 
 async def note(harness: Harness, conversation_id: int, text: str, **extra: object) -> int:
@@ -95,4 +97,63 @@ async def test_a_conversation_running_turns_keeps_agreeing() -> None:
     await (await fork.submit(Input("in the fork"))).wait()
     await assert_agrees(harness, fork.id)
     await assert_agrees(harness, root.id)
+    await harness.close()
+
+
+async def test_entry_lookup_serves_only_committed_entries_of_a_cached_range() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    cache = harness.context_cache
+    first = await note(harness, root.id, "one")
+    assert cache.entry(root.id, first) is None  # nothing cached yet: the caller reads storage
+    await load_context(harness, root.id)
+    assert cache.entry(root.id, first) == await harness.entry(first)
+    later = await note(harness, root.id, "two")  # published into the cached range
+    assert cache.entry(root.id, later) == await harness.entry(later)
+    minted: list[int] = []
+
+    async def rolled_back(tx: Tx) -> None:
+        minted.append(
+            tx.append_entry(root.id, EntryDraft(kind="core.user", model=[UserMessage(content="x")])).id
+        )
+        raise RuntimeError("rolled back")
+
+    try:
+        await harness.commit(rolled_back)
+    except RuntimeError:
+        pass
+    assert cache.entry(root.id, minted[0]) is None and await harness.entry(minted[0]) is None
+    assert cache.entry(root.id + 1000, first) is None
+    await harness.close()
+
+
+async def test_views_extended_over_tool_rounds_agree_with_deriving_whole() -> None:
+    from harness_core import tool
+    from harness_core.messages import ToolResultMessage
+    from harness_core.models.faux import faux_text, faux_tool_call
+
+    @tool(replay="safe")
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"{key} = 42"
+
+    def respond(request: object) -> object:
+        messages = request.messages  # type: ignore[attr-defined]
+        if messages and isinstance(messages[-1], ToolResultMessage):
+            return faux_assistant([faux_text("42")])
+        return faux_assistant([faux_tool_call("lookup", {"key": "k"}, id="call-1")], stop_reason="toolUse")
+
+    harness, _ = await open_harness(responder=respond, tools=[lookup])  # type: ignore[arg-type]
+    root = await harness.root(agent=FAUX)
+    for i in range(4):
+        settled = await (await root.submit(Input(f"q{i}"))).wait()
+        assert settled.status == "done"
+        await assert_agrees(harness, root.id)
+    view = await load_context(harness, root.id)
+    assert [type(m).__name__ for m in view.messages[-4:]] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolResultMessage",
+        "AssistantMessage",
+    ]
     await harness.close()

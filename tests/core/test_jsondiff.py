@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from typing import Any
 
 import jsonpatch
 import pytest
 
-from harness_core._jsondiff import json_diff, same
+from harness_core._json import strict_copy
+from harness_core._jsondiff import copy_and_diff, json_diff, same
+from harness_core.errors import StrictJsonError
 
 KEYS = ["a", "b", "run", "tools", "~x", "a/b", ""]
 
@@ -89,3 +92,35 @@ def test_booleans_and_numbers_are_different_values() -> None:
     assert json_diff({"a/b": {"~": 1}}, {"a/b": {"~": 2}}) == [
         {"op": "replace", "path": "/a~1b/~0", "value": 2}
     ]
+
+
+class _Text(str):
+    pass
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_copy_and_diff_is_strict_copy_then_json_diff(seed: int) -> None:
+    # What Tx.prepare does to every drafted document, in one walk: the same copy, ops and errors as the two.
+    rng = random.Random(seed)
+    offending: list[Any] = [float("nan"), {1}, (1,), _Text("t"), 2.5]
+    for _ in range(300):
+        src = value(rng, 0)
+        dst = mutate(rng, src)
+        if isinstance(dst, dict) and rng.random() < 0.2:
+            dst = {**dst, rng.choice(KEYS): rng.choice(offending)}
+        expected_copy, expected_error = _strict(dst)
+        if expected_error is not None:
+            with pytest.raises(StrictJsonError, match=f"^{re.escape(expected_error)}$"):
+                copy_and_diff(src, dst, "doc")
+            continue
+        copied, ops = copy_and_diff(src, dst, "doc")
+        assert same(copied, expected_copy) and ops == json_diff(src, expected_copy)
+        if isinstance(dst, (dict, list)):
+            assert copied is not dst
+
+
+def _strict(value: Any) -> tuple[Any, str | None]:
+    try:
+        return strict_copy(value, "doc"), None
+    except StrictJsonError as exc:
+        return None, str(exc)

@@ -198,3 +198,36 @@ async def test_stale_head_write_is_unanswered() -> None:
     settled = await stale.wait()
     assert settled.status == "unanswered" and settled.reason == "stale"
     await harness.close()
+
+
+async def test_a_wait_on_an_open_submission_resolves_from_the_commit_that_settles_it(tmp_path: Path) -> None:
+    # An unsettled submission this process wrote is waited on without reading storage; the waiter gets the
+    # settled record as stored. Settled ones (and any after a reopen) are read from storage.
+    path = tmp_path / "waits.sqlite"
+    harness, _ = await open_harness(storage=await SqliteStorage.open(path), responder=echo)
+    root = await harness.root(agent=FAUX)
+    storage = harness.session.storage
+    reads: list[int] = []
+    read = storage.submission
+
+    async def counting(submission_id: int) -> object:
+        reads.append(submission_id)
+        return await read(submission_id)
+
+    storage.submission = counting  # type: ignore[method-assign, assignment]
+    first = await root.submit(Input("one", request_id="w1"))
+    second = await root.submit(Input("two", request_id="w2"))  # queued behind the first run
+    assert second.record.status == "queued"
+    settled = await asyncio.gather(first.wait(), second.wait())
+    assert reads == []
+    storage.submission = read  # type: ignore[method-assign]
+    for record in settled:
+        assert record.status == "done" and record == await storage.submission(record.id)
+    again = await first.wait()
+    assert again == settled[0]
+    await harness.close()
+
+    reopened, _ = await open_harness(storage=await SqliteStorage.open(path), responder=echo)
+    handle = await reopened.submission(second.id)
+    assert handle is not None and await handle.wait() == settled[1]
+    await reopened.close()

@@ -552,3 +552,52 @@ async def test_background_tasks_are_boundaries_for_idle_and_abort() -> None:
     await root.abort(background=True)  # asked for explicitly, it goes too
     assert (await harness.get_task(chore)).state.outcome.status == "aborted"  # type: ignore[union-attr]
     await harness.close()
+
+
+async def test_ended_tasks_are_served_from_memory_only_as_stored(tmp_path: Path) -> None:
+    path = tmp_path / "ended.sqlite"
+    harness = await open_with_tasks(await SqliteStorage.open(path))  # type: ignore[arg-type]
+    task_id = await start(harness, "test.two-phase")
+    ended = await harness.wait_for_task(task_id)
+    assert harness.session.published.ended.get(task_id) == (True, ended)
+
+    async def rewrite(tx: Tx, reason: str, fail: bool) -> None:
+        current = await tx.task(task_id)
+        assert current is not None
+        tx.put_task(current.model_copy(update={"abort_reason": reason}))
+        if fail:
+            raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        await harness.commit(lambda tx: rewrite(tx, "never stored", True))
+    found = await harness.get_task(task_id)
+    assert found is not None and found.abort_reason is None  # a rolled-back write is not cached
+    await harness.commit(lambda tx: rewrite(tx, "rewritten", False))
+    found = await harness.get_task(task_id)
+    assert found is not None and found.abort_reason == "rewritten"  # the commit replaced the cached record
+    assert found == await harness.session.storage.task(task_id)
+    await harness.close()
+
+    reopened = await open_with_tasks(await SqliteStorage.open(path))  # type: ignore[arg-type]
+    found = await reopened.get_task(task_id)
+    assert found is not None and found.abort_reason == "rewritten"
+    await reopened.close()
+
+
+def test_the_ended_task_cache_is_bounded() -> None:
+    from harness_core._layers import Layer, Published
+    from harness_core.records import Outcome
+
+    published = Published(ended_capacity=2)
+    for task_id in (1, 2, 3):
+        layer = Layer()
+        layer.put_task(
+            Task(
+                id=task_id,
+                conversation_id=1,
+                kind="test.lazy",
+                state=TaskState(status="terminal", outcome=Outcome(status="completed")),
+            )
+        )
+        published.adopt(layer)
+    assert len(published.ended) == 2 and published.ended.get(1) == (False, None)
