@@ -7,7 +7,7 @@ MODE is `http` (the fake POSTs signed Events API requests) or `socket` (Socket M
 WebSocket). Speaks JSON lines: prints `{"env": ...}` (what points the Slack adapter at this fake); reads
 `{"url": ...}` (HTTP: the adapter's Request URL; Socket Mode: null, once the bot is connected), posts one warm-up message per channel (from every user in turn), prints `{"warmed": true}`; reads
 `{"go": true}`, posts COUNT messages (message n at n / RATE s on channel n mod CHANNELS, whether or not
-earlier ones were acknowledged; every MENTION_EVERY-th mentions the bot), and prints `{"latencies": [...],
+earlier ones were acknowledged; one in MENTION_EVERY mentions the bot, spread over the channels), and prints `{"latencies": [...],
 "failed": ...}`: per event delivered, seconds from the post's scheduled time to the bot's ack (HTTP 200, or
 the envelope ack in Socket Mode). Then it
 keeps serving the Web API (the bot's answers) until its stdin closes.
@@ -31,6 +31,13 @@ async def read(reader: asyncio.StreamReader) -> dict[str, Any]:
         raise SystemExit(0)
     value: dict[str, Any] = json.loads(line)
     return value
+
+
+def mentions_bot(n: int, every: int, channels: int) -> bool:
+    """Whether message n (on channel n mod `channels`) addresses the bot: one in `every`, spread so that every
+    channel gets its share (a plain `n % every == 0` would put all of them on the channels divisible by
+    `every`, which then hold more answers than a platform lets a bot write into one channel)."""
+    return every > 0 and (n // channels) % every == (n % channels) % every
 
 
 def say(value: dict[str, Any]) -> None:
@@ -61,7 +68,7 @@ async def main(mode: str, count: int, rate: float, channels: int, mention_every:
         mention = f"<@{fake.bot_user_id}> "
 
         async def post(n: int, arrival: float) -> None:
-            text = f"{mention if mention_every and n % mention_every == 0 else ''}message {n}: all fine"
+            text = f"{mention if mentions_bot(n, mention_every, channels) else ''}message {n}: all fine"
             sent = await fake.user_posts(places[n % channels], users[n % USERS], text)
             for delivery in sent.deliveries:
                 attempt = delivery.attempts[0]

@@ -19,6 +19,7 @@ from adapters.slack.adapter import create as create_slack
 from benchmarks import _script
 from benchmarks._env import REPO, Options, cleanup, median, percentile
 from benchmarks._report import Report
+from benchmarks._slack_load import mentions_bot
 from bots.runtime import freeze_startup_heap
 from harness_core import Harness, Models
 from harness_core.storage import SqliteStorage
@@ -30,7 +31,7 @@ CHANNELS = 50
 
 
 def message(n: int, places: list[Place], mention_every: int) -> IncomingMessage:
-    mention = mention_every > 0 and n % mention_every == 0
+    mention = mentions_bot(n, mention_every, len(places))
     text = f"{'<@BOT> ' if mention else ''}message {n}: the deploy of service {n % 7} looks fine"
     return IncomingMessage(
         places[n % len(places)], f"{n}", f"U{n % 40}", f"user{n % 40}", text, mentions_bot=mention
@@ -155,7 +156,7 @@ async def slack(
                 gc.unfreeze()
             # every answer delivered before the adapter stops
             await asyncio.wait_for(harness.wait_for_idle(), 60)
-            await asyncio.wait_for(bridge.delivery.idle(), 60)
+            await asyncio.wait_for(bridge.delivery.idle(), 120)
         latencies: list[float] = result["latencies"]
         return latencies, count / float(result["seconds"]), list(result["failed"])
     finally:
@@ -202,7 +203,7 @@ async def run(options: Options) -> Report:
         f"{CHANNELS}, for {count:,} messages. `bridge`: timed per message from its arrival to `Bridge.intake()` returning "
         "(the submission and its delivery record committed to SQLite). Bridge in process with its in-memory "
         "transport, scripted faux model; channels created before the clock starts and the heap then frozen (`freeze_startup_heap()`, as `durable-bots run` does once ready). `recorded`: no message "
-        "addresses the bot (kept as context); `mixed`: every 10th mentions it and starts a scripted turn "
+        "addresses the bot (kept as context); `mixed`: one in 10 mentions it (one in 10 of each channel's messages) and starts a scripted turn "
         "(tool call + answer + delivery) while intake goes on. `slack socket` / `slack http`: the same two loads "
         "through the Slack adapter (Socket Mode envelopes, or signed HTTP Events API requests: signature check, "
         "slack-bolt, adapter, bridge) from the loopback fake Slack in a child process, timed per event from the "
@@ -235,7 +236,7 @@ async def run(options: Options) -> Report:
         report.ratio(f"{label} p99 / raw p99", percentile(latencies, 99), percentile(anchor, 99))
     for load, text in (
         ("recorded", "p99 receipt -> durable commit under 10 ms (intake only, every path)"),
-        ("mixed", "the same with every 10th message answered meanwhile"),
+        ("mixed", "the same with one message in 10 answered meanwhile"),
     ):
         labels = [label for label in figures if label.endswith(load)]
         worst = max(labels, key=lambda label: percentile(figures[label], 99))
