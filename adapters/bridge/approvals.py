@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adapters.bridge.delivery import pacing_key
 from adapters.bridge.docs import ApprovalDoc, PlaceOfDoc, ReplyDoc
 from adapters.bridge.model import Place, RetryLater, TransportError
-from adapters.bridge.transport import GateView
+from adapters.bridge.transport import GateView, Transport
 from harness_core import Block, Defer, Extension, LiveDoc, Task, ToolCallInfo, ToolHookApi, Tx, hook
 
 if TYPE_CHECKING:
@@ -265,12 +267,15 @@ class Approvals:
             else:
                 await self._set_message(key, {"key": message_key, "id": None})
             if message_id is None:
-                message_id = await transport.post_approval(target, view, message_key)
+                # A write into the channel like a reply's: it takes its turn in the channel's budget.
+                async with self._pace(transport, target):
+                    message_id = await transport.post_approval(target, view, message_key)
             await self._set_message(key, {"key": message_key, "id": message_id})
             if view.status == "pending":
                 return False
         if view.status != "pending" and gate.get("message_rendered") != view.status:
-            await transport.update_approval(target, message_id, view)
+            async with self._pace(transport, target):
+                await transport.update_approval(target, message_id, view)
 
             async def rendered(tx: Tx) -> None:
                 doc = await tx.doc(ApprovalDoc, key=key, seed={})
@@ -279,6 +284,12 @@ class Approvals:
             await harness.commit(rendered)
             return True
         return view.status != "pending"
+
+    def _pace(self, transport: Transport, target: Place) -> AbstractAsyncContextManager[None]:
+        """The slot for one write into `target`'s channel, shared with every reply worker writing there."""
+        return self.bridge.governor(target.platform).slot(
+            pacing_key(target), interval=transport.edit_interval
+        )
 
     async def _set_message(self, key: str, message: dict[str, Any]) -> None:
         async def commit(tx: Tx) -> None:

@@ -6,9 +6,10 @@ records the platform message id. After a crash between posting and recording, `T
 message by its key before anything is posted again. While the model streams, the message is edited; the
 final render edits the same message(s) and retires the record.
 
-Pacing: every write (post, continuation post, streaming edit, final edit) goes through the platform's rate
-governor under one key per channel, so all reply workers writing into a channel share one budget of one write
-per `transport.edit_interval`, and a Retry-After pushes that channel's next write out. Other channels go on.
+Pacing: every write (post, continuation post, streaming edit, final edit, and the approval cards of
+`approvals.py`) goes through the platform's rate governor under one key per channel, so all reply workers
+writing into a channel share one budget of one write per `transport.edit_interval`, and a Retry-After pushes
+that channel's next write out. Other channels go on.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ REFUSALS = {
     "not_an_approver": "{name} is not an approver for this request",
     "self_approval": "you asked for this; another approver has to decide",
     "already_decided": "already {status} by {by}",
-    "expired": "this request expired before your click",
+    "expired": "this request expired before your click",  # also when the gate had already expired
     "unknown_gate": "this approval request does not exist",
 }
 
@@ -356,7 +356,10 @@ class DevchatServer:
             verb = "approved" if click.approve else "denied"
             client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
             return
-        template = REFUSALS.get(decision.reason or "", "refused ({reason})")
+        reason = decision.reason or ""
+        if reason == "already_decided" and decision.status == "expired":
+            reason = "expired"  # nobody decided it: "already expired by someone" would be wrong
+        template = REFUSALS.get(reason, "refused ({reason})")
         text = template.format(
             name=name, status=decision.status, by=decision.decided_by or "someone", reason=decision.reason
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Any
 
 from aiohttp import ClientWebSocketResponse, ServerTimeoutError
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
@@ -43,6 +44,7 @@ class WatchedSocketModeClient(SocketModeClient):
         self.health = health
         self._judged: ClientWebSocketResponse | None = None  # the session whose end was already counted
         self._failures = 0  # apps.connections.open failures in a row
+        self._listeners: set[asyncio.Task[Any]] = set()  # frames being handled (slack-sdk keeps no reference)
 
     async def connect(self) -> None:
         before = self.current_session
@@ -52,6 +54,30 @@ class WatchedSocketModeClient(SocketModeClient):
             self.health.opened()
             if self.health.reconnects:
                 log.info("Slack: Socket Mode reconnected (connection %d)", self.health.connections_opened)
+
+    async def run_message_listeners(self, message: dict[str, Any], raw_message: str) -> None:
+        # slack-sdk runs every frame in a task of its own and never cancels it: a `disconnect` frame's task may
+        # be waiting out the backoff below when the adapter stops. Hold them, so close() can end them.
+        task = asyncio.current_task()
+        if task is not None:
+            self._listeners.add(task)
+        try:
+            await super().run_message_listeners(message, raw_message)
+        finally:
+            if task is not None:
+                self._listeners.discard(task)
+
+    async def close(self) -> None:
+        """Close the connection and end every task of this client (slack-sdk only cancels its monitor,
+        receiver and processor, and does not wait for them). The adapter drains the requests it is handling
+        before it calls this; whatever is still running then is cancelled (an unacked envelope is redelivered)."""
+        await super().close()  # type: ignore[no-untyped-call]
+        current = asyncio.current_task()
+        background = (self.message_processor, self.current_session_monitor, self.message_receiver)
+        tasks = [t for t in (*self._listeners, *background) if t is not None and t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def connect_to_new_endpoint(self, force: bool = False) -> None:
         self._judge(force)

@@ -217,7 +217,7 @@ class SlackAdapter:
         if self._socket is not None:
             socket, self._socket = self._socket, None
             try:
-                await socket.close()  # type: ignore[no-untyped-call]
+                await socket.close()
             except Exception as exc:
                 log.warning("closing the Socket Mode connection failed: %s", exc)
             self._health.lost()

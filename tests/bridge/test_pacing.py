@@ -13,13 +13,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from adapters.bridge import Bridge, IncomingMessage, Place, RateGovernor, RetryLater
+from adapters.bridge import ApprovalPolicy, Bridge, GateView, IncomingMessage, Place, RateGovernor, RetryLater
 from adapters.bridge.testing import MemoryTransport
-from harness_core import AgentChange, Harness, HarnessSettings, ModelRef, Models, Registry
+from harness_core import AgentChange, Harness, HarnessSettings, ModelRef, Models, Registry, tool
 from harness_core.messages import AssistantMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant
 from harness_core.storage import MemoryStorage
+
+from .support import deploy_flow, open_bot
 
 INTERVAL = 0.2
 TOLERANCE = 0.01  # the governor spaces writes by at least the interval; this only absorbs float rounding
@@ -33,7 +35,7 @@ MODEL = AgentChange(model=ModelRef(provider="faux", model_id="m"))
 class Write:
     at: float  # time.monotonic() when the bridge called the transport
     place: Place
-    kind: str  # create | edit
+    kind: str  # create | edit | post_approval | update_approval
     key: str
     refused: bool = False
 
@@ -66,6 +68,14 @@ class TimedTransport(MemoryTransport):
             self.refused.set()
             raise RetryLater(seconds, "ratelimited")
         await super().edit(target, message_id, text, key, final=final)
+
+    async def post_approval(self, target: Place, gate: GateView, key: str) -> str:
+        self.writes.append(Write(time.monotonic(), target, "post_approval", key))
+        return await super().post_approval(target, gate, key)
+
+    async def update_approval(self, target: Place, message_id: str, gate: GateView) -> None:
+        self.writes.append(Write(time.monotonic(), target, "update_approval", str(gate.gate_id)))
+        await super().update_approval(target, message_id, gate)
 
 
 @dataclass
@@ -179,3 +189,42 @@ async def test_governor_slots_queue_per_key_count_from_the_end_and_honour_retry_
     refused_at = time.monotonic()
     await write("b", 0.0)
     assert starts["b"][-1] - refused_at >= 0.3 - TOLERANCE
+
+
+async def test_approval_requests_and_their_decisions_share_the_channel_budget() -> None:
+    """An approval card is a write into the channel like any other: it is posted at the moment the reply
+    starts showing "waiting for approval", and updated at the moment the reply goes on, so both must queue
+    with the reply's writes instead of going out next to them."""
+    runs: list[str] = []
+
+    @tool
+    def deploy(service: str) -> str:
+        """Deploy a service."""
+        runs.append(service)
+        return f"deployed {service}"
+
+    platform = TimedTransport(INTERVAL)
+    policy = ApprovalPolicy(tools=["deploy"], approvers=["UBOSS"])
+    bot = await open_bot(responder=deploy_flow, tools=[deploy], approvals=[policy], platform=platform)
+    try:
+        await bot.say("100.1", "ship it", place=C1)
+        for _ in range(500):
+            if any(w.kind == "post_approval" for w in platform.writes):
+                break
+            await asyncio.sleep(0.01)
+        [card] = [m for m in platform.messages if m.gate is not None]
+        assert card.gate is not None
+        await asyncio.sleep(INTERVAL * 3)  # the reply shows "waiting for approval" by now
+        decision = await bot.bridge.decide(card.gate.gate_id, user_id="UBOSS", user_name="boss", approve=True)
+        assert decision.accepted
+        await bot.settle()
+        for _ in range(500):
+            if any(w.kind == "update_approval" for w in platform.writes):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await bot.close()
+    assert runs == ["api"]
+    in_c1 = platform.in_channel("C1")
+    assert {w.kind for w in in_c1} >= {"create", "edit", "post_approval", "update_approval"}, listing(in_c1)
+    assert min(gaps(in_c1)) >= INTERVAL - TOLERANCE, listing(in_c1)

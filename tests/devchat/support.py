@@ -157,7 +157,13 @@ def final_bot(text_start: str) -> Callable[[dict[str, Any]], bool]:
     )
 
 
-async def make_rig(tmp: Path, *, approvers: list[str] | None = None, delay_ms: float = 5) -> Rig:
+async def make_rig(
+    tmp: Path,
+    *,
+    approvers: list[str] | None = None,
+    delay_ms: float = 5,
+    expires_after_ms: int = 3_600_000,
+) -> Rig:
     runs: list[str] = []
 
     @tool
@@ -170,9 +176,10 @@ async def make_rig(tmp: Path, *, approvers: list[str] | None = None, delay_ms: f
     faux.set_responder(respond)
     registry = Registry()
     harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
-    bridge = Bridge(
-        harness, agent=MODEL, approvals=[ApprovalPolicy(tools=["deploy"], approvers=approvers or ["boss"])]
+    policy = ApprovalPolicy(
+        tools=["deploy"], approvers=approvers or ["boss"], expires_after_ms=expires_after_ms
     )
+    bridge = Bridge(harness, agent=MODEL, approvals=[policy])
     registry.install(bridge.extension())
     registry.install(Extension("ops", tools=[deploy]))
     return Rig(harness, bridge, faux, tmp / "var" / "devchat.sqlite", runs)

@@ -172,6 +172,31 @@ async def test_devchat_approver_list_narrows_the_policy(
     assert rig.runs == []  # denied
 
 
+async def test_a_click_on_a_gate_that_already_expired_says_it_expired(
+    rig_factory: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await rig_factory(expires_after_ms=300)
+    await rig.bridge.start()
+    await rig.start_adapter()
+    rig.harness.resume()
+    alice, _ = await rig.hello()
+    await alice.send(**post("client-0006", "@bot deploy api", channel="ops"))
+
+    def expired_card(frame: dict[str, Any]) -> bool:
+        return any(
+            m["kind"] == "approval" and m["gate"]["status"] == "expired" for m in message_events(frame)
+        )
+
+    card = next(m for m in message_events(await alice.until(expired_card)) if m["kind"] == "approval")
+    boss, _ = await rig.hello()
+    await boss.send(type="click", name="boss", gate=card["gate"]["gate_id"], approve=True)
+    refused = await boss.until(lambda f: f["type"] == "notice")
+    assert refused["level"] == "error"
+    # Nobody decided it: the text must not read "already expired by someone".
+    assert "expired" in refused["text"] and " by " not in refused["text"], refused["text"]
+    assert rig.runs == []
+
+
 async def test_posts_stored_while_the_bot_was_down_are_caught_up(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:

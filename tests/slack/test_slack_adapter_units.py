@@ -354,3 +354,38 @@ def test_every_refusal_reason_has_its_own_ephemeral_text(reason: str, status: st
 
     decided_by = "boss" if status == "approved" else None
     assert expected in refusal_text(Decision(False, status, decided_by, reason), "deploy")
+
+
+async def test_stop_during_a_reconnect_leaves_no_task_running(
+    fake: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `disconnect` frame is handled in a task slack-sdk keeps no reference to (and `close()` does not
+    cancel). While apps.connections.open fails, that task waits out the adapter's backoff; stop() must end it,
+    not leave it running past the adapter (to call Slack on a closed session later)."""
+    caplog.set_level(logging.INFO, logger="adapters.slack")
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(FauxProvider()), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    adapter = create({"mode": "socket", "catch_up": False, "ping_interval": 5}, fake.env)
+    before = asyncio.all_tasks()
+    await bridge.start()
+    await adapter.start(bridge)
+    fake.fail("apps.connections.open", "internal_error", times=1)
+    await fake.disconnect(reason="refresh_requested", close_after=None)
+    await fake.wait_for(lambda: len(fake.calls_to("apps.connections.open")) == 2, 10)
+    await fake.disconnect(reason="refresh_requested", close_after=None)  # the next ask waits >= 5 s first
+    for _ in range(50):
+        if "retrying in" in caplog.text:
+            break
+        await asyncio.sleep(0.02)
+    assert "retrying in" in caplog.text
+    await adapter.stop()
+    await bridge.stop()
+    await harness.close()
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() - before if not t.done() and not _is_fake(t)]
+    for task in leftover:
+        task.cancel()
+    assert leftover == [], leftover
+    assert len(fake.calls_to("apps.connections.open")) == 2
