@@ -118,6 +118,10 @@ class Harness:
         session.add_prepare_hook(lambda tx: reconcile(self, tx))
         session.subscribe(self.context_cache.on_publication)
         session.subscribe(self._on_publication)
+        # An uncertain storage failure closes the session without `close()`: its waiters must not hang.
+        session.closed.add_done_callback(
+            lambda closed: None if closed.cancelled() else self._reject_waiters(closed.result())
+        )
         self._unsubscribe_registry = registry.subscribe(self.scheduler.request_pass)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -236,16 +240,23 @@ class Harness:
                 pass
         self._unsubscribe_registry()
         info = await self.session.close()
+        self._reject_waiters(info)
+        return info
+
+    def _reject_if_closed(self) -> None:
+        closed = self.session.closed
+        if closed.done() and not closed.cancelled():
+            self._reject_waiters(closed.result())
+
+    def _reject_waiters(self, info: CloseInfo) -> None:
+        """Every pending wait (task, submission, idle) raises HarnessClosed: nothing will settle it now."""
         error = HarnessClosed(info.reason, info.error)
         pending: list[asyncio.Future[Any]] = [f for fs in self._task_waiters.values() for f in fs]
         pending += [f for fs in self._submission_waiters.values() for f in fs]
+        pending += [future for _conversation, future in self._idle_waiters]
         for future in pending:
             if not future.done():
                 future.set_exception(error)
-        for _conversation, future in self._idle_waiters:
-            if not future.done():
-                future.set_exception(error)
-        return info
 
     def report(self, error: BaseException) -> None:
         if self._on_report is not None:
@@ -568,6 +579,7 @@ class Harness:
             return task
         future: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
         self._task_waiters.setdefault(task_id, []).append(future)
+        self._reject_if_closed()  # the harness may have closed during the read above
         task = await self.get_task(task_id)  # it may have finished while we registered
         if task is not None and task.state.status == "terminal" and not future.done():
             future.set_result(task)
@@ -751,6 +763,7 @@ class Harness:
             return record
         future = asyncio.get_running_loop().create_future()
         self._submission_waiters.setdefault(submission_id, []).append(future)
+        self._reject_if_closed()  # the harness may have closed during the read above
         record = await self.session.storage.submission(submission_id)
         if record is not None and _settled(record) and not future.done():
             future.set_result(record)

@@ -12,6 +12,7 @@ from harness_core import (
     CORE_USER,
     ConversationBusy,
     EntryDraft,
+    HarnessClosed,
     HarnessSettings,
     InboxDoc,
     Input,
@@ -231,3 +232,66 @@ async def test_a_wait_on_an_open_submission_resolves_from_the_commit_that_settle
     handle = await reopened.submission(second.id)
     assert handle is not None and await handle.wait() == settled[1]
     await reopened.close()
+
+
+async def test_waits_pending_when_a_storage_failure_closes_the_harness_raise_instead_of_hanging() -> None:
+    # An uncertain storage failure closes the harness (reason "failed") without close(): nothing will settle
+    # the submission or end the task in this process, so their waits must raise, as they do on close().
+    from .test_commit_line import FlakyStorage
+
+    storage = FlakyStorage()
+    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    submitted = await root.submit(Input("q"))
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    storage.fail_next = True  # the run's first commit fails after the waits are registered
+    waits = [
+        asyncio.ensure_future(submitted.wait()),
+        asyncio.ensure_future(harness.wait_for_task(run)),
+        asyncio.ensure_future(root.wait_for_idle()),
+    ]
+    info = await harness.closed
+    assert info.reason == "failed"
+    for _ in range(20):  # let the waiters' tasks run
+        await asyncio.sleep(0)
+    assert all(wait.done() for wait in waits)
+    for wait in waits:
+        with pytest.raises(HarnessClosed) as raised:
+            await wait
+        assert raised.value.reason == "failed"
+    with pytest.raises(HarnessClosed):
+        await submitted.wait()
+    await harness.close()
+
+
+async def test_a_task_wait_registered_after_the_harness_failed_during_its_read_raises() -> None:
+    # wait_for_task reads the task before registering its waiter; a failure that closes the harness during
+    # that read must still reach the waiter registered after it.
+    from contextlib import suppress
+
+    from .test_commit_line import FlakyStorage
+
+    storage = FlakyStorage()
+    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    await root.submit(Input("q"))
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    read = harness.get_task
+
+    async def read_then_fail(task_id: int) -> object:
+        found = await read(task_id)
+        if not harness.closed.done():
+            storage.fail_next = True
+            with suppress(HarnessClosed):
+                await harness.commit(lambda _tx: None)
+        return found
+
+    harness.get_task = read_then_fail  # type: ignore[method-assign, assignment]
+    waiting = asyncio.ensure_future(harness.wait_for_task(run))
+    assert (await harness.closed).reason == "failed"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert waiting.done()
+    with pytest.raises(HarnessClosed):
+        await waiting
+    await harness.close()
