@@ -580,10 +580,13 @@ class Harness:
         future: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
         self._task_waiters.setdefault(task_id, []).append(future)
         self._reject_if_closed()  # the harness may have closed during the read above
-        task = await self.get_task(task_id)  # it may have finished while we registered
-        if task is not None and task.state.status == "terminal" and not future.done():
-            future.set_result(task)
-        return await future
+        try:
+            task = await self.get_task(task_id)  # it may have finished while we registered
+            if task is not None and task.state.status == "terminal" and not future.done():
+                future.set_result(task)
+            return await future
+        finally:
+            _forget(self._task_waiters, task_id, future)
 
     async def abort_task(self, task_id: int) -> Literal["marked", "terminal"]:
         """Mark the task for abort (its abort handler runs once the work below it finished)."""
@@ -658,8 +661,13 @@ class Harness:
         if self._idle(conversation_id):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle_waiters.append((conversation_id, future))
-        await future
+        waiter = (conversation_id, future)
+        self._idle_waiters.append(waiter)
+        try:
+            await future
+        finally:
+            if waiter in self._idle_waiters:  # cancelled: settled ones were removed by the publication
+                self._idle_waiters.remove(waiter)
 
     def _idle(self, conversation_id: int | None) -> bool:
         published = self.session.published
@@ -755,7 +763,10 @@ class Harness:
             # check) is always resolved: no storage read needed.
             future = asyncio.get_running_loop().create_future()
             self._submission_waiters.setdefault(submission_id, []).append(future)
-            return await future
+            try:
+                return await future
+            finally:
+                _forget(self._submission_waiters, submission_id, future)
         record = await self.session.storage.submission(submission_id)
         if record is None:
             raise NotFound(f"submission {submission_id} does not exist")
@@ -764,10 +775,13 @@ class Harness:
         future = asyncio.get_running_loop().create_future()
         self._submission_waiters.setdefault(submission_id, []).append(future)
         self._reject_if_closed()  # the harness may have closed during the read above
-        record = await self.session.storage.submission(submission_id)
-        if record is not None and _settled(record) and not future.done():
-            future.set_result(record)
-        return await future
+        try:
+            record = await self.session.storage.submission(submission_id)
+            if record is not None and _settled(record) and not future.done():
+                future.set_result(record)
+            return await future
+        finally:
+            _forget(self._submission_waiters, submission_id, future)
 
     # --- publication ----------------------------------------------------------------------------------------------
 
@@ -805,6 +819,15 @@ class Harness:
                 listener(publication)
             except Exception as exc:
                 self.report(exc)
+
+
+def _forget(waiters: dict[int, list[Any]], key: int, future: asyncio.Future[Any]) -> None:
+    """Drop a waiter that is over (a cancelled wait would otherwise stay until the record settles)."""
+    found = waiters.get(key)
+    if found is not None and future in found:
+        found.remove(future)
+        if not found:
+            del waiters[key]
 
 
 def _settled(submission: Submission) -> bool:

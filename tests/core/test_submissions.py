@@ -295,3 +295,46 @@ async def test_a_task_wait_registered_after_the_harness_failed_during_its_read_r
     with pytest.raises(HarnessClosed):
         await waiting
     await harness.close()
+
+
+async def test_cancelled_waits_do_not_pile_up_while_the_submission_stays_open() -> None:
+    # A client that waits with a timeout, again and again, on a submission queued behind a long run (or a
+    # task that waits for a human) must not leave one dead waiter behind per attempt.
+    from harness_core import tool
+    from harness_core.messages import ToolResultMessage
+    from harness_core.models.faux import faux_tool_call
+
+    gate = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Holds the run."""
+        await gate.wait()
+        return "released"
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant([faux_text("done")])
+        return faux_assistant([faux_tool_call("hold", {}, id="h")], stop_reason="toolUse")
+
+    harness, _ = await open_harness(responder=respond, tools=[hold])
+    root = await harness.root(agent=FAUX)
+    first = await root.submit(Input("go"))
+    later = await root.submit(Input("later"))
+    assert later.record.status == "queued"
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    for _ in range(50):
+        for waiting in (
+            asyncio.ensure_future(later.wait()),
+            asyncio.ensure_future(harness.wait_for_task(run)),
+            asyncio.ensure_future(root.wait_for_idle()),
+        ):
+            await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+    waiters = [*harness._submission_waiters.values(), *harness._task_waiters.values()]
+    assert sum(len(found) for found in waiters) + len(harness._idle_waiters) == 0
+    gate.set()
+    assert (await first.wait()).status == "done" and (await later.wait()).status == "done"
+    await harness.close()
