@@ -119,7 +119,7 @@ def _other(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         raise _Bad(f"{type(value).__name__} is not JSON (use a plain int)")
     if isinstance(value, str):
-        return str(value)
+        return str.__str__(value)  # its characters, as json.dumps writes them (str() may differ: enums)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _Bad(f"{value!r} is not JSON (NaN and infinities are not allowed)")

@@ -9,6 +9,7 @@ call runs again with the stored arguments only if both the stored intent and the
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import time
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,9 @@ async def _call_details(harness: Harness, task: Task) -> tuple[str, dict[str, An
         if message.role == "assistant":
             for call in message.tool_calls():
                 if call.id == call_id:
-                    return call.name, dict(call.arguments), assistant_id, call.partial_json
+                    # A deep copy: the entry may be the context cache's, shared with every later context, and
+                    # the tool, its hooks and its validation may edit nested arguments in place.
+                    return call.name, copy.deepcopy(call.arguments), assistant_id, call.partial_json
     raise RuntimeError(f"tool task {task.id}: call {call_id} not found in entry {assistant_id}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from harness_core._ancestry import ancestry
@@ -246,7 +246,15 @@ class ConversationHandle:
 
     async def context(self, at: int | None = None) -> ContextView:
         """The model context as of entry `at` (default: the tail): exactly what a fork at `at` starts with."""
-        return await load_context(self._harness, self.id, at)
+        view = await load_context(self._harness, self.id, at)
+        # The cached view is shared, and later views extend its lists: the caller gets lists of its own.
+        return replace(
+            view,
+            entries=list(view.entries),
+            contributions=[list(group) for group in view.contributions],
+            messages=list(view.messages),
+            edits=None if view.edits is None else dict(view.edits),
+        )
 
     def watch(self) -> ConversationWatch:
         """Committed changes to this conversation, starting with a snapshot (see `ConversationWatch`)."""
@@ -338,7 +346,7 @@ class ConversationWatch(Feed[WatchFrame]):
         return WatchFrame(
             kind="snapshot",
             seq=seq,
-            entries=view.entries,
+            entries=list(view.entries),  # the cached view's list is shared: the consumer gets its own
             docs={k: v for k, v in docs.items() if v is not None},
         )
 

@@ -118,6 +118,10 @@ class Harness:
         session.add_prepare_hook(lambda tx: reconcile(self, tx))
         session.subscribe(self.context_cache.on_publication)
         session.subscribe(self._on_publication)
+        # An uncertain storage failure closes the session without `close()`: its waiters must not hang.
+        session.closed.add_done_callback(
+            lambda closed: None if closed.cancelled() else self._reject_waiters(closed.result())
+        )
         self._unsubscribe_registry = registry.subscribe(self.scheduler.request_pass)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -236,16 +240,23 @@ class Harness:
                 pass
         self._unsubscribe_registry()
         info = await self.session.close()
+        self._reject_waiters(info)
+        return info
+
+    def _reject_if_closed(self) -> None:
+        closed = self.session.closed
+        if closed.done() and not closed.cancelled():
+            self._reject_waiters(closed.result())
+
+    def _reject_waiters(self, info: CloseInfo) -> None:
+        """Every pending wait (task, submission, idle) raises HarnessClosed: nothing will settle it now."""
         error = HarnessClosed(info.reason, info.error)
         pending: list[asyncio.Future[Any]] = [f for fs in self._task_waiters.values() for f in fs]
         pending += [f for fs in self._submission_waiters.values() for f in fs]
+        pending += [future for _conversation, future in self._idle_waiters]
         for future in pending:
             if not future.done():
                 future.set_exception(error)
-        for _conversation, future in self._idle_waiters:
-            if not future.done():
-                future.set_exception(error)
-        return info
 
     def report(self, error: BaseException) -> None:
         if self._on_report is not None:
@@ -568,10 +579,14 @@ class Harness:
             return task
         future: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
         self._task_waiters.setdefault(task_id, []).append(future)
-        task = await self.get_task(task_id)  # it may have finished while we registered
-        if task is not None and task.state.status == "terminal" and not future.done():
-            future.set_result(task)
-        return await future
+        self._reject_if_closed()  # the harness may have closed during the read above
+        try:
+            task = await self.get_task(task_id)  # it may have finished while we registered
+            if task is not None and task.state.status == "terminal" and not future.done():
+                future.set_result(task)
+            return await future
+        finally:
+            _forget(self._task_waiters, task_id, future)
 
     async def abort_task(self, task_id: int) -> Literal["marked", "terminal"]:
         """Mark the task for abort (its abort handler runs once the work below it finished)."""
@@ -646,8 +661,13 @@ class Harness:
         if self._idle(conversation_id):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._idle_waiters.append((conversation_id, future))
-        await future
+        waiter = (conversation_id, future)
+        self._idle_waiters.append(waiter)
+        try:
+            await future
+        finally:
+            if waiter in self._idle_waiters:  # cancelled: settled ones were removed by the publication
+                self._idle_waiters.remove(waiter)
 
     def _idle(self, conversation_id: int | None) -> bool:
         published = self.session.published
@@ -743,7 +763,10 @@ class Harness:
             # check) is always resolved: no storage read needed.
             future = asyncio.get_running_loop().create_future()
             self._submission_waiters.setdefault(submission_id, []).append(future)
-            return await future
+            try:
+                return await future
+            finally:
+                _forget(self._submission_waiters, submission_id, future)
         record = await self.session.storage.submission(submission_id)
         if record is None:
             raise NotFound(f"submission {submission_id} does not exist")
@@ -751,10 +774,14 @@ class Harness:
             return record
         future = asyncio.get_running_loop().create_future()
         self._submission_waiters.setdefault(submission_id, []).append(future)
-        record = await self.session.storage.submission(submission_id)
-        if record is not None and _settled(record) and not future.done():
-            future.set_result(record)
-        return await future
+        self._reject_if_closed()  # the harness may have closed during the read above
+        try:
+            record = await self.session.storage.submission(submission_id)
+            if record is not None and _settled(record) and not future.done():
+                future.set_result(record)
+            return await future
+        finally:
+            _forget(self._submission_waiters, submission_id, future)
 
     # --- publication ----------------------------------------------------------------------------------------------
 
@@ -792,6 +819,15 @@ class Harness:
                 listener(publication)
             except Exception as exc:
                 self.report(exc)
+
+
+def _forget(waiters: dict[int, list[Any]], key: int, future: asyncio.Future[Any]) -> None:
+    """Drop a waiter that is over (a cancelled wait would otherwise stay until the record settles)."""
+    found = waiters.get(key)
+    if found is not None and future in found:
+        found.remove(future)
+        if not found:
+            del waiters[key]
 
 
 def _settled(submission: Submission) -> bool:

@@ -157,3 +157,29 @@ async def test_views_extended_over_tool_rounds_agree_with_deriving_whole() -> No
         "AssistantMessage",
     ]
     await harness.close()
+
+
+async def test_a_caller_editing_the_view_it_got_does_not_change_later_contexts() -> None:
+    # conversation.context() and watch snapshots are public: a caller that builds on the lists it got (say,
+    # appends a message to try a request) must not change the cached view that later views extend.
+    from harness_core.messages import SystemMessage
+
+    harness = await Harness.open(await MemoryStorage.open())
+    root = await harness.root()
+    await note(harness, root.id, "one")
+
+    async def system(tx: Tx) -> None:
+        tx.append_entry(root.id, EntryDraft(kind="core.system", model=[SystemMessage(sections={"a": "b"})]))
+
+    await harness.commit(system)  # a non-user message: later appends extend the cached view
+    view = await root.context()
+    view.messages.append(UserMessage(content="scratch"))
+    view.entries.append(view.entries[-1])
+    view.contributions.append([UserMessage(content="scratch")])
+    async with root.watch() as frames:
+        async for frame in frames:
+            frame.entries.clear()
+            break
+    await note(harness, root.id, "two")
+    await assert_agrees(harness, root.id)
+    await harness.close()

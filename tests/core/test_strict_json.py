@@ -46,3 +46,29 @@ def test_copy_is_detached_and_normalised() -> None:
     assert copied["a"] is not source["a"] and copied["a"][4] is not source["a"][4]
     assert type(copied["a"][4]["b"]) is str
     check_json(source)  # valid: no error, nothing returned
+
+
+class _Mode(str, enum.Enum):  # noqa: UP042 (the mixin is the case: StrEnum.__str__ gives the value)
+    FAST = "fast"
+
+
+class _Shouting(str):
+    def __str__(self) -> str:
+        return self.upper()
+
+
+def test_a_str_subclass_is_copied_as_its_string_value_not_its_str() -> None:
+    # json.dumps writes a str subclass's own characters; str() of a (str, Enum) member is "_Mode.FAST" (and
+    # a subclass may override __str__), so converting with str() silently stored a different value.
+    from harness_core._jsondiff import copy_and_diff
+
+    source = {"mode": _Mode.FAST, "loud": [_Shouting("quiet")]}
+    expected = {"mode": "fast", "loud": ["quiet"]}
+    copied = strict_copy(source)
+    assert copied == expected and type(copied["mode"]) is str and type(copied["loud"][0]) is str
+    final, ops = copy_and_diff({"mode": "slow", "loud": ["x"]}, source, "doc")
+    assert final == expected
+    assert ops == [
+        {"op": "replace", "path": "/mode", "value": "fast"},
+        {"op": "replace", "path": "/loud/0", "value": "quiet"},
+    ]

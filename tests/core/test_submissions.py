@@ -12,6 +12,7 @@ from harness_core import (
     CORE_USER,
     ConversationBusy,
     EntryDraft,
+    HarnessClosed,
     HarnessSettings,
     InboxDoc,
     Input,
@@ -231,3 +232,109 @@ async def test_a_wait_on_an_open_submission_resolves_from_the_commit_that_settle
     handle = await reopened.submission(second.id)
     assert handle is not None and await handle.wait() == settled[1]
     await reopened.close()
+
+
+async def test_waits_pending_when_a_storage_failure_closes_the_harness_raise_instead_of_hanging() -> None:
+    # An uncertain storage failure closes the harness (reason "failed") without close(): nothing will settle
+    # the submission or end the task in this process, so their waits must raise, as they do on close().
+    from .test_commit_line import FlakyStorage
+
+    storage = FlakyStorage()
+    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    submitted = await root.submit(Input("q"))
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    storage.fail_next = True  # the run's first commit fails after the waits are registered
+    waits = [
+        asyncio.ensure_future(submitted.wait()),
+        asyncio.ensure_future(harness.wait_for_task(run)),
+        asyncio.ensure_future(root.wait_for_idle()),
+    ]
+    info = await harness.closed
+    assert info.reason == "failed"
+    for _ in range(20):  # let the waiters' tasks run
+        await asyncio.sleep(0)
+    assert all(wait.done() for wait in waits)
+    for wait in waits:
+        with pytest.raises(HarnessClosed) as raised:
+            await wait
+        assert raised.value.reason == "failed"
+    with pytest.raises(HarnessClosed):
+        await submitted.wait()
+    await harness.close()
+
+
+async def test_a_task_wait_registered_after_the_harness_failed_during_its_read_raises() -> None:
+    # wait_for_task reads the task before registering its waiter; a failure that closes the harness during
+    # that read must still reach the waiter registered after it.
+    from contextlib import suppress
+
+    from .test_commit_line import FlakyStorage
+
+    storage = FlakyStorage()
+    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    root = await harness.root(agent=FAUX)
+    await root.submit(Input("q"))
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    read = harness.get_task
+
+    async def read_then_fail(task_id: int) -> object:
+        found = await read(task_id)
+        if not harness.closed.done():
+            storage.fail_next = True
+            with suppress(HarnessClosed):
+                await harness.commit(lambda _tx: None)
+        return found
+
+    harness.get_task = read_then_fail  # type: ignore[method-assign, assignment]
+    waiting = asyncio.ensure_future(harness.wait_for_task(run))
+    assert (await harness.closed).reason == "failed"
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert waiting.done()
+    with pytest.raises(HarnessClosed):
+        await waiting
+    await harness.close()
+
+
+async def test_cancelled_waits_do_not_pile_up_while_the_submission_stays_open() -> None:
+    # A client that waits with a timeout, again and again, on a submission queued behind a long run (or a
+    # task that waits for a human) must not leave one dead waiter behind per attempt.
+    from harness_core import tool
+    from harness_core.messages import ToolResultMessage
+    from harness_core.models.faux import faux_tool_call
+
+    gate = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Holds the run."""
+        await gate.wait()
+        return "released"
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant([faux_text("done")])
+        return faux_assistant([faux_tool_call("hold", {}, id="h")], stop_reason="toolUse")
+
+    harness, _ = await open_harness(responder=respond, tools=[hold])
+    root = await harness.root(agent=FAUX)
+    first = await root.submit(Input("go"))
+    later = await root.submit(Input("later"))
+    assert later.record.status == "queued"
+    run = (await harness.snapshot(LiveDoc, root.id))["run"]["task_id"]
+    for _ in range(50):
+        for waiting in (
+            asyncio.ensure_future(later.wait()),
+            asyncio.ensure_future(harness.wait_for_task(run)),
+            asyncio.ensure_future(root.wait_for_idle()),
+        ):
+            await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+    waiters = [*harness._submission_waiters.values(), *harness._task_waiters.values()]
+    assert sum(len(found) for found in waiters) + len(harness._idle_waiters) == 0
+    gate.set()
+    assert (await first.wait()).status == "done" and (await later.wait()).status == "done"
+    await harness.close()

@@ -375,3 +375,36 @@ async def test_duplicate_call_ids_in_one_message_each_run_with_their_own_argumen
     assert sorted(ran) == ["Oslo", "Zurich"]
     assert sorted(r.text() for r in results_in(faux.requests[-1])) == ["Oslo: sunny", "Zurich: sunny"]
     await harness.close()
+
+
+async def test_a_tool_mutating_its_nested_arguments_leaves_the_stored_call_and_later_contexts_alone() -> None:
+    # The call's arguments come from the assistant entry, which may be served from the context cache: the tool
+    # must get its own copy, or its in-place edits change the cached entry and every later model request.
+    from harness_core import ToolSpec
+
+    async def poke(arguments: dict[str, Any], _api: ToolApi) -> str:
+        arguments["options"]["tags"].append("mutated")
+        arguments["options"]["seen"] = True
+        return "poked"
+
+    spec = ToolSpec(name="poke", description="Poke.", parameters={"type": "object"}, execute=poke)
+    seen: list[dict[str, Any]] = []
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            for message in request.messages:
+                if isinstance(message, AssistantMessage):
+                    seen.extend(dict(call.arguments) for call in message.tool_calls())
+            return faux_assistant([faux_text("done")])
+        call = faux_tool_call("poke", {"options": {"tags": ["a"]}}, id="p1")
+        return faux_assistant([call], stop_reason="toolUse")
+
+    harness, _ = await open_harness(responder=respond, tools=[spec])
+    root = await harness.root(agent=FAUX)
+    settled = await (await root.submit(Input("go"))).wait()
+    assert settled.status == "done"
+    assert seen == [{"options": {"tags": ["a"]}}]  # what the model sent, not what the tool did to its copy
+    view = await root.context()
+    stored = [await harness.entry(e.id) for e in view.entries]
+    assert [e.model for e in view.entries] == [e.model for e in stored if e is not None]
+    await harness.close()
