@@ -153,6 +153,7 @@ class DiscordAdapter:
             find_scan_limit=options.find_scan_limit,
             catch_up_limit=options.catch_up_limit,
             edit_age_limit=options.edit_age_limit,
+            request_timeout=options.request_timeout,
             clock=self.clock,
         )
         try:

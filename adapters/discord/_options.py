@@ -31,6 +31,11 @@ class DiscordOptions(BaseModel):
     max_ratelimit_timeout: float = Field(30.0, ge=30, le=3600)
     """A 429 asking to wait longer than this is not slept through by discord.py; the bridge retries the call
     later instead (discord.py does not accept less than 30 s)."""
+    request_timeout: float = Field(60.0, gt=0, le=600)
+    """Seconds one REST call may take, discord.py's own rate-limit waits included, before it counts as failed
+    (the bridge then finds the post by its nonce or marker before posting again). Without it aiohttp waits
+    five minutes, and every write into that channel waits behind the hung one. Keep it above
+    `max_ratelimit_timeout`, or a long rate-limit wait is cut short and retried."""
     message_content: bool = True
     """Request the MESSAGE_CONTENT privileged intent and refuse to start when the application lacks it. False:
     run on mentions, replies to the bot and DMs only (the only messages whose text Discord then delivers)."""

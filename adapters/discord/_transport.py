@@ -87,6 +87,7 @@ class DiscordTransport:
         find_scan_limit: int,
         catch_up_limit: int,
         edit_age_limit: float,
+        request_timeout: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -95,6 +96,7 @@ class DiscordTransport:
         self.find_scan_limit = find_scan_limit
         self.catch_up_limit = catch_up_limit
         self.edit_age_limit = edit_age_limit
+        self.request_timeout = request_timeout
         self.clock = clock  # Unix seconds; tests pass the fake Discord's clock
         self.logged_in = False
 
@@ -106,7 +108,8 @@ class DiscordTransport:
                 call.close()
             raise TransportError(f"discord {what}: the client is not connected")
         try:
-            return await call
+            async with asyncio.timeout(self.request_timeout):
+                return await call
         except discord.RateLimited as error:  # longer than max_ratelimit_timeout: let the bridge wait
             raise RetryLater(error.retry_after, f"discord {what}: rate limited") from error
         except discord.HTTPException as error:

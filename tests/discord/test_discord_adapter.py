@@ -8,6 +8,7 @@ test_fake_discord.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -353,6 +354,27 @@ async def test_platform_errors_map_to_what_the_bridge_does_next(
         await transport.create(Place("discord", str(world.guild.id), str(secret.id)), "x", "reply:4#0")
     assert forbidden.value.seconds >= 60
     assert await transport.create(world.place, "later", "reply:3#0")  # the rate limit has passed
+
+
+async def test_a_hung_rest_call_times_out_and_the_answer_is_posted_once(
+    fake: FakeDiscord, world: World, rig_factory: Any
+) -> None:
+    """aiohttp would wait five minutes for a hung POST, and every write into the channel queues behind it."""
+    released = asyncio.Event()
+
+    async def hang(_: Any) -> None:
+        await released.wait()  # Discord never answers this one (until the test is over)
+
+    hung = fake.on_request("POST", MESSAGES_ROUTE, hang, times=1)
+    await rig_factory(options={"request_timeout": 0.5})
+    await fake.user_sends(world.general, world.alice, "status please")
+    answer = await final(fake, world.general, "re Alice: status please")
+    assert hung.calls == 1  # the first post hung; the bridge gave up on it and posted again
+    assert [m.id for m in world.answers()] == [answer.id]
+    released.set()  # the hung request completes late: Discord dedupes its nonce, still one message
+    posts = fake.calls("POST", MESSAGES_ROUTE)
+    await fake.wait_for(lambda: all(r.status is not None for r in posts), what="the hung post to finish")
+    assert [m.content for m in world.answers()] == ["re Alice: status please"]
 
 
 def patches_of(fake: FakeDiscord, message_id: int | str) -> list[Any]:
