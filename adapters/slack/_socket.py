@@ -28,6 +28,13 @@ log = logging.getLogger("adapters.slack")
 BACKOFF_CAP = 60.0  # seconds: the longest wait before asking apps.connections.open again
 
 
+def backoff_delay(failures: int, interval: float, jitter: float) -> float:
+    """Seconds before asking again after `failures` refusals in a row: `interval` doubled per failure, up to
+    a quarter more at random (`jitter` in [0, 1)) so many bots do not ask at the same moment, never past
+    `BACKOFF_CAP`."""
+    return min(BACKOFF_CAP, interval * 2.0 ** (failures - 1) * (1 + jitter / 4))
+
+
 class WatchedSocketModeClient(SocketModeClient):
     def __init__(
         self,
@@ -111,8 +118,7 @@ class WatchedSocketModeClient(SocketModeClient):
     async def issue_new_wss_url(self) -> str:
         # slack-sdk retries a failed apps.connections.open every ping interval, forever: back off instead.
         if self._failures:
-            delay = min(BACKOFF_CAP, self.ping_interval * 2 ** (self._failures - 1))
-            delay *= 1 + random.random() / 4  # jitter, so many bots do not ask at the same moment
+            delay = backoff_delay(self._failures, self.ping_interval, random.random())
             log.info(
                 "Slack: apps.connections.open failed %d time(s); retrying in %.1fs", self._failures, delay
             )

@@ -389,3 +389,12 @@ async def test_stop_during_a_reconnect_leaves_no_task_running(
         task.cancel()
     assert leftover == [], leftover
     assert len(fake.calls_to("apps.connections.open")) == 2
+
+
+def test_the_reconnect_backoff_doubles_and_never_passes_its_cap_even_with_jitter() -> None:
+    from adapters.slack._socket import BACKOFF_CAP, backoff_delay
+
+    assert [backoff_delay(n, 5.0, 0.0) for n in (1, 2, 3, 4)] == [5.0, 10.0, 20.0, 40.0]
+    assert backoff_delay(2, 5.0, 0.999) > backoff_delay(2, 5.0, 0.0)  # jittered upward
+    assert backoff_delay(1, 50.0, 0.999) == BACKOFF_CAP  # 50 s plus a quarter would pass the cap
+    assert backoff_delay(30, 5.0, 0.5) == BACKOFF_CAP
