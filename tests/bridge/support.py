@@ -138,9 +138,12 @@ async def open_bot(
     config: BridgeConfig | None = None,
     platform: MemoryTransport | None = None,
     clock: Callable[[], int] | None = None,
+    chunk_size: int = 8,
+    delay_ms: float = 0,
 ) -> Bot:
-    """Open (or reopen) a bot. Pass the `platform` of a previous bot to keep what it posted."""
-    faux = FauxProvider()
+    """Open (or reopen) a bot. Pass the `platform` of a previous bot to keep what it posted; `chunk_size` and
+    `delay_ms` make the faux model stream slowly (many partials)."""
+    faux = FauxProvider(chunk_size=chunk_size, delay_ms=delay_ms)
     faux.set_responder(responder)
     registry = Registry()
     storage = await SqliteStorage.open(path) if path is not None else await MemoryStorage.open()

@@ -8,27 +8,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
 
-from adapters.bridge import ApprovalPolicy, Bridge, GateView, IncomingMessage, Place, RateGovernor, RetryLater
+from adapters.bridge import ApprovalPolicy, GateView, Place, RateGovernor, RetryLater
 from adapters.bridge.testing import MemoryTransport
-from harness_core import AgentChange, Harness, HarnessSettings, ModelRef, Models, Registry, tool
+from harness_core import tool
 from harness_core.messages import AssistantMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
-from harness_core.models.faux import FauxProvider, faux_assistant
-from harness_core.storage import MemoryStorage
+from harness_core.models.faux import faux_assistant
 
-from .support import deploy_flow, open_bot
+from .support import Bot, deploy_flow, open_bot
 
 INTERVAL = 0.2
 TOLERANCE = 0.01  # the governor spaces writes by at least the interval; this only absorbs float rounding
 C1 = Place("memory", "T1", "C1")
 C2 = Place("memory", "T1", "C2")
 STORY = " ".join(f"Step {i} of the rollout went fine." for i in range(1, 30))  # ~900 chars, streamed slowly
-MODEL = AgentChange(model=ModelRef(provider="faux", model_id="m"))
 
 
 @dataclass
@@ -78,45 +76,20 @@ class TimedTransport(MemoryTransport):
         await super().update_approval(target, message_id, gate)
 
 
-@dataclass
-class World:
-    harness: Harness
-    bridge: Bridge
-    platform: TimedTransport
-
-    async def say(self, message_id: str, text: str, place: Place) -> None:
-        await self.bridge.intake(IncomingMessage(place, message_id, "U1", "alice", text, mentions_bot=True))
-
-    async def settle(self) -> None:
-        await self.harness.wait_for_idle()
-        for _ in range(50):
-            await self.bridge.delivery.idle()
-            await asyncio.sleep(0)
-            if not self.bridge.delivery.workers:
-                break
-
-
 def story_or_short(request: ModelRequest) -> AssistantMessage:
     asked = [user_text(m) for m in request.messages if isinstance(m, UserMessage)][-1]
     return faux_assistant(STORY if "story" in asked else f"answer to {asked}")
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[World]:
-    faux = FauxProvider(chunk_size=8, delay_ms=8)  # a story streams for about a second: many partials
-    faux.set_responder(story_or_short)
-    registry = Registry()
-    harness = await Harness.open(
-        await MemoryStorage.open(), models=Models(faux), registry=registry, settings=HarnessSettings()
-    )
-    bridge = Bridge(harness, agent=MODEL)
-    registry.install(bridge.extension())
-    platform = TimedTransport(INTERVAL)
-    bridge.attach(platform)
-    await bridge.start()
-    yield World(harness, bridge, platform)
-    await bridge.stop()
-    await harness.close()
+async def world(bots: Callable[..., Awaitable[Bot]]) -> Bot:
+    # A story streams for about a second: many partials.
+    return await bots(responder=story_or_short, platform=TimedTransport(INTERVAL), chunk_size=8, delay_ms=8)
+
+
+def timed(bot: Bot) -> TimedTransport:
+    assert isinstance(bot.platform, TimedTransport)
+    return bot.platform
 
 
 def gaps(writes: list[Write]) -> list[float]:
@@ -127,45 +100,45 @@ def listing(writes: list[Write]) -> list[tuple[str, str, float, bool]]:
     return [(w.kind, w.key, round(w.at, 3), w.refused) for w in writes]
 
 
-async def test_writes_of_concurrent_replies_in_one_channel_share_one_budget(world: World) -> None:
+async def test_writes_of_concurrent_replies_in_one_channel_share_one_budget(world: Bot) -> None:
     first, second = C1.in_thread("100.1"), C1.in_thread("100.2")
     # Two threads of C1 answer at the same time (two forks, two reply workers); C2 answers alongside.
-    await world.say("100.3", "<@BOT> story one", first)
-    await world.say("100.4", "<@BOT> story two", second)
-    await world.say("200.1", "<@BOT> story three", C2)
+    await world.say("100.3", "<@BOT> story one", place=first)
+    await world.say("100.4", "<@BOT> story two", place=second)
+    await world.say("200.1", "<@BOT> story three", place=C2)
     await world.settle()
 
     for place in (first, second, C2):
-        assert world.platform.texts(place) == [STORY]  # every final text was shown (paced, not skipped)
-    in_c1 = world.platform.in_channel("C1")
+        assert timed(world).texts(place) == [STORY]  # every final text was shown (paced, not skipped)
+    in_c1 = timed(world).in_channel("C1")
     by_reply = {place: [w for w in in_c1 if w.place == place] for place in (first, second)}
     assert all(len(writes) >= 3 for writes in by_reply.values())  # a post, partial edits, the final edit
     # The two replies really wrote at the same time (interleaved), yet never closer than the interval.
     assert by_reply[first][0].at < by_reply[second][-1].at and by_reply[second][0].at < by_reply[first][-1].at
     assert min(gaps(in_c1)) >= INTERVAL - TOLERANCE, listing(in_c1)
-    in_c2 = world.platform.in_channel("C2")
+    in_c2 = timed(world).in_channel("C2")
     assert len(in_c2) >= 3 and min(gaps(in_c2)) >= INTERVAL - TOLERANCE, listing(in_c2)
 
 
-async def test_retry_after_pushes_back_every_write_into_that_channel_and_only_there(world: World) -> None:
+async def test_retry_after_pushes_back_every_write_into_that_channel_and_only_there(world: Bot) -> None:
     first, second = C1.in_thread("100.1"), C1.in_thread("100.2")
-    world.platform.refuse_edit["C1"] = 1.0  # the first edit in C1 is rate limited: Retry-After 1 s
-    await world.say("100.3", "<@BOT> story one", first)
-    await world.say("100.4", "<@BOT> story two", second)
-    await asyncio.wait_for(world.platform.refused.wait(), 10)
-    await world.say("200.1", "<@BOT> quick one", C2)  # C2 is not held up by C1's back-off
+    timed(world).refuse_edit["C1"] = 1.0  # the first edit in C1 is rate limited: Retry-After 1 s
+    await world.say("100.3", "<@BOT> story one", place=first)
+    await world.say("100.4", "<@BOT> story two", place=second)
+    await asyncio.wait_for(timed(world).refused.wait(), 10)
+    await world.say("200.1", "<@BOT> quick one", place=C2)  # C2 is not held up by C1's back-off
     await world.settle()
 
-    assert world.platform.texts(first) == [STORY] and world.platform.texts(second) == [STORY]
-    assert world.platform.texts(C2) == ["answer to alice: <@BOT> quick one"]
-    in_c1 = world.platform.in_channel("C1")
+    assert timed(world).texts(first) == [STORY] and timed(world).texts(second) == [STORY]
+    assert timed(world).texts(C2) == ["answer to alice: <@BOT> quick one"]
+    in_c1 = timed(world).in_channel("C1")
     [refused] = [w for w in in_c1 if w.refused]
     after = in_c1[in_c1.index(refused) + 1]
     # Neither reply worker of C1 wrote there again within the second the platform asked for.
     assert after.at - refused.at >= 1.0 - TOLERANCE, listing(in_c1)
     assert min(gaps(in_c1)) >= INTERVAL - TOLERANCE, listing(in_c1)
     # Meanwhile C2 was answered in full.
-    in_c2 = world.platform.in_channel("C2")
+    in_c2 = timed(world).in_channel("C2")
     assert in_c2 and all(refused.at < w.at < after.at for w in in_c2), (listing(in_c2), refused.at, after.at)
 
 
