@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adapters.slack.testing import FakeSlack
@@ -38,6 +39,21 @@ def mentions_bot(n: int, every: int, channels: int) -> bool:
     channel gets its share (a plain `n % every == 0` would put all of them on the channels divisible by
     `every`, which then hold more answers than a platform lets a bot write into one channel)."""
     return every > 0 and (n // channels) % every == (n % channels) % every
+
+
+async def open_loop(count: int, rate: float, send: Callable[[int, float], Awaitable[None]]) -> float:
+    """Start `send(n, arrival)` for message n at its arrival time (`start + n / rate`, on the loop's clock)
+    whether or not earlier ones finished; return `start` once every send is done."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    async with asyncio.TaskGroup() as group:
+        for n in range(count):
+            arrival = start + n / rate
+            delay = arrival - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            group.create_task(send(n, arrival))
+    return start
 
 
 def say(value: dict[str, Any]) -> None:
@@ -78,14 +94,8 @@ async def main(mode: str, count: int, rate: float, channels: int, mention_every:
                 else:
                     failed.append(f"{delivery.event_type} {n}: {outcome} {attempt.http_status}")
 
-        start = loop.time() + 0.05  # loop.time() is time.monotonic(), the clock of the fake's acked_at
-        async with asyncio.TaskGroup() as group:
-            for n in range(count):
-                arrival = start + n / rate
-                delay = arrival - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                group.create_task(post(n, arrival))
+        # loop.time() is time.monotonic(), the clock of the fake's acked_at
+        start = await open_loop(count, rate, post)
         say({"latencies": latencies, "failed": failed, "seconds": loop.time() - start})
         while await reader.readline():  # serve the bot's answers until the parent is done
             pass

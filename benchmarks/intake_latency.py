@@ -20,6 +20,7 @@ from benchmarks import _script
 from benchmarks._env import REPO, Options, cleanup, median, percentile
 from benchmarks._report import Report
 from benchmarks._slack_load import mentions_bot
+from benchmarks._slack_load import open_loop as open_loop_schedule
 from bots.runtime import freeze_startup_heap
 from harness_core import Harness, Models
 from harness_core.storage import SqliteStorage
@@ -48,7 +49,6 @@ async def open_loop(count: int, receive: Callable[[int], Awaitable[None]]) -> tu
     clock starts is frozen, as `durable-bots run` does once it is ready."""
     freeze_startup_heap()
     loop = asyncio.get_running_loop()
-    start = loop.time() + 0.05
     latencies = [0.0] * count
 
     async def one(n: int, arrival: float) -> None:
@@ -56,13 +56,7 @@ async def open_loop(count: int, receive: Callable[[int], Awaitable[None]]) -> tu
         latencies[n] = loop.time() - arrival
 
     try:
-        async with asyncio.TaskGroup() as group:
-            for n in range(count):
-                arrival = start + n / RATE
-                delay = arrival - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                group.create_task(one(n, arrival))
+        start = await open_loop_schedule(count, RATE, one)
     finally:
         gc.unfreeze()  # the benchmarks that follow in this process start from a normal collector
     return latencies, count / (loop.time() - start)
