@@ -12,6 +12,10 @@
 |                  |        | twice                                                                          |
 | `schedule`       | safe   | from the bridge (`bridge.extension()`): a durable timer                        |
 
+Every call runs under a time limit (`[tools] timeout`, 60 s; `search_history` declares 300 s): past it, it is
+stopped and the model gets an error result. `search_logs` stays responsive on any pattern and log size (see
+`bots.log_search`).
+
 The faux:demo model script lives in `bots.demo`.
 """
 
@@ -286,7 +290,8 @@ def deploy_tool(ctx: OpsContext) -> ToolSpec:
 
 
 def search_history_tool(ctx: OpsContext) -> ToolSpec:
-    @tool(replay="safe", name="search_history")
+    # A subagent's model round-trips take longer than the 60 s default; `[tools.timeouts]` can still change it.
+    @tool(replay="safe", name="search_history", timeout=300)
     async def search_history(question: str, api: ToolApi) -> ToolResult:
         """Ask a helper agent to search the team's earlier conversations (what was said, by whom, where) and
         answer `question`. Read-only."""
