@@ -75,26 +75,45 @@ async def healthz_seconds(session: aiohttp.ClientSession, url: str) -> float:
     return time.monotonic() - started
 
 
-async def run_search(
-    workdir: Path, pattern: str, *, time_limit: float, logs: Path | None = None
-) -> dict[str, Any]:
-    """Start the bot, ask #ops for the search and #general a plain question right after; return timings."""
+def random_log(workdir: Path) -> Path:
+    """400 lines of 32,000 random letters and spaces: minutes of `re` backtracking per line for SLOW_FOR_RE2,
+    and seconds in all for RE2."""
+    logs = workdir / "logs"
+    logs.mkdir()
+    letters = bytes(b"abcdefghijklmnopqrstuvwxyz "[i % 27] for i in range(256))
+    text = random.Random(7).randbytes(400 * 32_000).translate(letters)
+    (logs / "big.log").write_bytes(b"\n".join(text[i : i + 32_000] for i in range(0, len(text), 32_000)))
+    return logs
+
+
+async def start_bot(workdir: Path, *, time_limit: float, logs: Path | None) -> tuple[BotProcess, str]:
+    """The shipped config (devchat), `search_logs` limited to `time_limit` s, over `logs` if given."""
     replace = {'path = "config/sample-logs"': f"path = {toml_value(str(logs))}"} if logs is not None else None
     config = shipped_config_in(
         workdir, replace=replace, append=f"\n[tools.timeouts]\nsearch_logs = {time_limit}\n"
     )
     bot = await BotProcess.start(config, "--adapter", "devchat", env=bot_env(workdir))
+    ready = await bot.wait_for(lambda line: line.startswith("durable-bots: ready"), 60)
+    assert ready is not None, f"{bot.output()}\n{await bot.stderr()}"
+    (url,) = [line.split()[1] for line in bot.lines if line.startswith("devchat: http://")]
+    return bot, url
+
+
+def search_call(pattern: str) -> str:
+    return f"/call search_logs {json.dumps({'pattern': pattern})}"
+
+
+async def run_search(
+    workdir: Path, pattern: str, *, time_limit: float, logs: Path | None = None
+) -> dict[str, Any]:
+    """Start the bot, ask #ops for the search and #general a plain question right after; return timings."""
+    bot, url = await start_bot(workdir, time_limit=time_limit, logs=logs)
     try:
-        ready = await bot.wait_for(lambda line: line.startswith("durable-bots: ready"), 60)
-        assert ready is not None, f"{bot.output()}\n{await bot.stderr()}"
-        (url,) = [line.split()[1] for line in bot.lines if line.startswith("devchat: http://")]
         async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
             await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
             chat = Chat(ws)
             try:
-                search_posted = await chat.post(
-                    "ops", f"/call search_logs {json.dumps({'pattern': pattern})}", "runaway-search-0001"
-                )
+                search_posted = await chat.post("ops", search_call(pattern), "runaway-search-0001")
                 await asyncio.sleep(0.2)  # the search is under way
                 hello_posted = await chat.post("general", "hello", "runaway-hello-0001")
                 health = await healthz_seconds(session, url)
@@ -129,11 +148,7 @@ async def test_a_catastrophic_pattern_on_the_sample_logs_stalls_nothing(tmp_path
 async def test_a_search_longer_than_its_time_limit_ends_within_it_and_the_rest_stays_answered(
     tmp_path: Path,
 ) -> None:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    letters = bytes(b"abcdefghijklmnopqrstuvwxyz "[i % 27] for i in range(256))
-    text = random.Random(7).randbytes(400 * 32_000).translate(letters)  # 400 long lines of random words
-    (logs / "big.log").write_bytes(b"\n".join(text[i : i + 32_000] for i in range(0, len(text), 32_000)))
+    logs = random_log(tmp_path)
     seen = await run_search(tmp_path, SLOW_FOR_RE2, time_limit=3, logs=logs)
     assert seen["search_running_when_answered"], seen
     assert seen["hello"].startswith("Hi carol! I am the ops bot"), seen
@@ -145,3 +160,24 @@ async def test_a_search_longer_than_its_time_limit_ends_within_it_and_the_rest_s
         "the search stopped early: it ran out of time" in seen["search"]
         or "did not finish within its time limit of 3 s" in seen["search"]
     ), seen
+
+
+async def test_sigterm_during_a_long_search_stops_the_bot_at_once(tmp_path: Path) -> None:
+    bot, url = await start_bot(tmp_path, time_limit=60, logs=random_log(tmp_path))
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
+            await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+            chat = Chat(ws)
+            try:
+                await chat.post("ops", search_call(SLOW_FOR_RE2), "runaway-search-0002")
+                await asyncio.sleep(0.5)  # the search is under way (it needs seconds)
+                assert "ops" not in chat.final
+            finally:
+                await chat.close()
+        asked = time.monotonic()
+        assert await bot.terminate(timeout=30) == 0, await bot.stderr()
+        stopped_after = time.monotonic() - asked
+    finally:
+        await bot.kill()
+    assert stopped_after < 5, f"the running search held up the shutdown for {stopped_after:.1f} s"
+    assert "durable-bots: stopped cleanly" in bot.output()
