@@ -40,8 +40,9 @@ class ToolSettings:
     """Time limits of tool executions, in seconds (`None`: no limit).
 
     The limit of a tool is `timeouts[name]` when the host set one, else the tool's own `@tool(timeout=...)`,
-    else `timeout`. It covers `execute` only (not argument validation, hooks or an approval wait); a tool
-    past its limit is cancelled and the model gets an error result saying so.
+    else `timeout`. It covers `execute` only (not argument validation, hooks or an approval wait), per attempt
+    (a call replayed after a restart gets the whole limit again); a tool past its limit is cancelled and the
+    model gets an error result saying so.
     """
 
     timeout: float | None = 60.0

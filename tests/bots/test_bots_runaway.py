@@ -37,8 +37,13 @@ class Chat:
     async def read(self) -> None:
         async for frame in self.ws:
             payload = json.loads(frame.data)
-            for event in payload.get("events", []) if payload["type"] == "events" else []:
-                message = event.get("message") or {}
+            messages = (
+                [e.get("message") or {} for e in payload.get("events", [])]
+                if payload["type"] == "events"
+                else []
+            )
+            messages += payload.get("messages", []) if payload["type"] == "snapshot" else []
+            for message in messages:
                 if message.get("kind") == "bot" and message.get("final"):
                     self.final.setdefault(message["channel"], (time.monotonic(), message["text"]))
 
@@ -181,3 +186,37 @@ async def test_sigterm_during_a_long_search_stops_the_bot_at_once(tmp_path: Path
         await bot.kill()
     assert stopped_after < 5, f"the running search held up the shutdown for {stopped_after:.1f} s"
     assert "durable-bots: stopped cleanly" in bot.output()
+
+
+async def test_after_a_sigkill_mid_search_the_replayed_search_ends_within_its_limit(tmp_path: Path) -> None:
+    logs = random_log(tmp_path)
+    bot, url = await start_bot(tmp_path, time_limit=3, logs=logs)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
+            await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+            chat = Chat(ws)
+            try:
+                await chat.post("ops", search_call(SLOW_FOR_RE2), "runaway-search-0003")
+                await asyncio.sleep(0.5)
+                assert "ops" not in chat.final
+            finally:
+                await chat.close()
+    finally:
+        await bot.kill()  # SIGKILL mid-search
+    # search_logs is replay-safe: the restarted bot runs it again, and again it ends within its limit.
+    restarted_at = time.monotonic()
+    bot, url = await start_bot(tmp_path, time_limit=3, logs=logs)
+    try:
+        async with aiohttp.ClientSession() as session, session.ws_connect(url + "ws") as ws:
+            await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+            chat = Chat(ws)
+            try:
+                answered_at, answer = await chat.answer("ops", 60)
+                assert await healthz_seconds(session, url) < ANSWERED_WITHIN
+            finally:
+                await chat.close()
+        assert await bot.terminate() == 0, await bot.stderr()
+    finally:
+        await bot.kill()
+    assert "the search stopped early: it ran out of time" in answer or "time limit of 3 s" in answer, answer
+    assert answered_at - restarted_at < 30, "start-up plus at most one time limit, not an endless replay"
