@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import re2
 
@@ -187,12 +187,12 @@ def search_log_files(
     return ToolResult(head + ":\n" + "\n".join(matches), details={"matches": total})
 
 
-def _lines(handle: Any, budget: _Budget) -> Iterator[tuple[int, bytes]]:
+def _lines(handle: BinaryIO, budget: _Budget) -> Iterator[tuple[int, bytes]]:
     """(line number, line without its ending) with at most MAX_LINE bytes each, until the budget is over."""
     number = 0
     rest_of_long_line = False
     while not budget.over():
-        piece: bytes = handle.readline(MAX_LINE)
+        piece = handle.readline(MAX_LINE)
         if not piece:
             return
         complete = piece.endswith(b"\n")

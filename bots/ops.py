@@ -101,10 +101,10 @@ def search_logs_tool(ctx: OpsContext) -> ToolSpec:
         words work too, e.g. `checkout ERROR`; no backreferences or lookaround). Returns the matching lines as
         `file:line: text`, newest files last."""
         # In a worker thread (files are read and matched there, RE2 releases the GIL), stopped through `stop`
-        # when this call is cancelled, and returning what it has at 90% of the tool's time limit.
+        # when this call is cancelled, and returning what it has shortly before the tool's time limit.
         stop = threading.Event()
         limit = api.time_limit
-        deadline = None if limit is None else time.monotonic() + limit * 0.9
+        deadline = None if limit is None else time.monotonic() + limit - min(limit * 0.1, 5.0)
         try:
             return await asyncio.to_thread(
                 search_log_files,
