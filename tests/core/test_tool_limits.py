@@ -165,3 +165,32 @@ async def test_the_watchdog_stops_with_the_harness() -> None:
     assert task is not None and not task.done()
     await harness.close()
     assert task.done()
+
+
+async def test_a_lag_outside_any_tool_is_reported_without_naming_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = HarnessSettings(watchdog=WatchdogSettings(threshold_ms=200, interval_ms=20))
+    harness, _ = await open_harness(settings=settings)
+    try:
+        harness.resume()
+        await asyncio.sleep(0.05)  # the watchdog is sleeping
+        with caplog.at_level(logging.WARNING, logger="harness_core.watchdog"):
+            time.sleep(0.4)  # noqa: ASYNC251  (the point: the host itself blocks the loop)
+            await asyncio.sleep(0.05)
+        (record,) = [r for r in caplog.records if r.name == "harness_core.watchdog"]
+        assert record.getMessage().endswith("ms; no tool was running")
+    finally:
+        await harness.close()
+
+
+async def test_the_record_of_finished_tool_runs_is_bounded() -> None:
+    from harness_core._watchdog import FINISHED_KEPT, ToolRuns
+
+    runs = ToolRuns()
+    for task_id in range(FINISHED_KEPT * 3):
+        runs.end(runs.begin(task_id, "t"))
+    still = runs.begin(10_000, "long")
+    seen = runs.during(0, asyncio.get_running_loop().time())
+    assert len(seen) == FINISHED_KEPT + 1 and seen[-1] is still
+    assert runs.running() == [still]
