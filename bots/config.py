@@ -18,11 +18,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from harness_core import CompactionSettings, HarnessSettings, ModelRef, RetrySettings
+from harness_core import CompactionSettings, HarnessSettings, ModelRef, RetrySettings, ToolSettings
 
 PROVIDERS = ("openai", "anthropic", "faux")
 FAUX_MODELS = ("demo",)
@@ -91,9 +91,18 @@ class ChannelSection(_Section):
     reply_in_thread: bool | None = None
 
 
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class ToolsSection(_Section):
+    """`timeout`: seconds one tool call may run before it is stopped and the model gets an error result, for
+    every tool that declares no limit of its own; `[tools.timeouts]` sets it per tool name (and wins over the
+    tool's own)."""
+
     enabled: list[str] | None = None  # None: the ops tools plus every tool of `modules`
     modules: list[str] = Field(default_factory=list)  # import paths of modules exporting `extension`
+    timeout: Seconds = 60.0
+    timeouts: dict[str, Seconds] = Field(default_factory=dict)
 
 
 class ApprovalsSection(_Section):
@@ -203,6 +212,7 @@ class BotConfig(_Section):
             compaction=CompactionSettings(**self.compaction.model_dump()),
             restart_limit=self.tasks.restart_limit,
             tool_execution=self.tasks.tool_execution,
+            tools=ToolSettings(timeout=self.tools.timeout, timeouts=dict(self.tools.timeouts)),
         )
 
     def adapter_options(self, name: str) -> dict[str, Any]:

@@ -12,6 +12,10 @@
 |                  |        | twice                                                                          |
 | `schedule`       | safe   | from the bridge (`bridge.extension()`): a durable timer                        |
 
+Every call runs under a time limit (`[tools] timeout`, 60 s; `search_history` declares 300 s): past it, it is
+stopped and the model gets an error result. `search_logs` stays responsive on any pattern and log size (see
+`bots.log_search`).
+
 The faux:demo model script lives in `bots.demo`.
 """
 
@@ -23,7 +27,8 @@ import datetime as dt
 import fcntl
 import json
 import os
-import re
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +38,7 @@ import httpx
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
 from bots.config import BotConfig
+from bots.log_search import search_log_files
 from harness_core import (
     CORE_ASSISTANT,
     CORE_USER,
@@ -90,58 +96,28 @@ def history_extension(ctx: OpsContext) -> Extension:
 
 def search_logs_tool(ctx: OpsContext) -> ToolSpec:
     @tool(replay="safe", name="search_logs")
-    async def search_logs(pattern: str) -> ToolResult:
-        """Search the service logs. `pattern` is a case-insensitive regular expression (plain words work
-        too, e.g. `checkout ERROR`). Returns the matching lines as `file:line: text`, newest files last."""
-        return await asyncio.to_thread(
-            search_log_files, ctx.config.logs_path, pattern, ctx.config.logs.max_results
-        )
+    async def search_logs(pattern: str, api: ToolApi) -> ToolResult:
+        """Search the service logs. `pattern` is a case-insensitive regular expression in RE2 syntax (plain
+        words work too, e.g. `checkout ERROR`; no backreferences or lookaround). Returns the matching lines as
+        `file:line: text`, newest files last."""
+        # In a worker thread (files are read and matched there, RE2 releases the GIL), stopped through `stop`
+        # when this call is cancelled, and returning what it has shortly before the tool's time limit.
+        stop = threading.Event()
+        limit = api.time_limit
+        deadline = None if limit is None else time.monotonic() + limit - min(limit * 0.1, 5.0)
+        try:
+            return await asyncio.to_thread(
+                search_log_files,
+                ctx.config.logs_path,
+                pattern,
+                ctx.config.logs.max_results,
+                stop=stop,
+                deadline=deadline,
+            )
+        finally:
+            stop.set()
 
     return search_logs
-
-
-def _log_files(root: Path) -> Iterator[Path]:
-    if root.is_file():
-        yield root
-        return
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts):
-            yield path
-
-
-def search_log_files(root: Path, pattern: str, limit: int) -> ToolResult:
-    if not root.exists():
-        return ToolResult(f"The log path {root} does not exist (config: logs.path).", is_error=True)
-    if not pattern.strip():
-        return ToolResult("Give a non-empty pattern.", is_error=True)
-    try:
-        regex = re.compile(pattern, re.IGNORECASE)
-    except re.error:
-        regex = re.compile(re.escape(pattern), re.IGNORECASE)
-    matches: list[str] = []
-    total = 0
-    files = 0
-    for path in _log_files(root):
-        try:
-            with path.open("rb") as handle:
-                if b"\0" in handle.read(1024):
-                    continue  # binary
-        except OSError:
-            continue
-        files += 1
-        label = path.name if root.is_file() else str(path.relative_to(root))
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, start=1):
-                if regex.search(line):
-                    total += 1
-                    if len(matches) < limit:
-                        matches.append(f"{label}:{number}: {line.rstrip()}")
-    if total == 0:
-        return ToolResult(f"No matches for /{pattern}/ in {files} log file(s).", details={"matches": 0})
-    head = f"{total} match(es) for /{pattern}/ in {files} log file(s)"
-    if total > len(matches):
-        head += f" (showing the first {len(matches)})"
-    return ToolResult(head + ":\n" + "\n".join(matches), details={"matches": total})
 
 
 # --- open_ticket -----------------------------------------------------------------------------------------
@@ -314,7 +290,8 @@ def deploy_tool(ctx: OpsContext) -> ToolSpec:
 
 
 def search_history_tool(ctx: OpsContext) -> ToolSpec:
-    @tool(replay="safe", name="search_history")
+    # A subagent's model round-trips take longer than the 60 s default; `[tools.timeouts]` can still change it.
+    @tool(replay="safe", name="search_history", timeout=300)
     async def search_history(question: str, api: ToolApi) -> ToolResult:
         """Ask a helper agent to search the team's earlier conversations (what was said, by whom, where) and
         answer `question`. Read-only."""

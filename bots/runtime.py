@@ -125,7 +125,7 @@ def enabled_tools(config: BotConfig, known: Sequence[str]) -> list[str]:
 
 
 def check_tools(config: BotConfig) -> list[Problem]:
-    """Checks that need the plugin modules: enabled and gated tool names must exist."""
+    """Checks that need the plugin modules: enabled, gated and time-limited tool names must exist."""
     known, problems = known_tools(config)
     if problems:
         return problems
@@ -134,6 +134,13 @@ def check_tools(config: BotConfig) -> list[Problem]:
             problems.append(
                 config.problem(
                     ("tools", "enabled", index), f"unknown tool {name!r}; known: {', '.join(known)}"
+                )
+            )
+    for name in config.tools.timeouts:
+        if name not in known:
+            problems.append(
+                config.problem(
+                    ("tools", "timeouts", name), f"unknown tool {name!r}; known: {', '.join(known)}"
                 )
             )
     for index, name in enumerate(config.approvals.tools):

@@ -62,7 +62,14 @@ from harness_core.records import (
     Task,
     TaskOwned,
 )
-from harness_core.settings import CompactionSettings, HarnessSettings, ProgressSettings, RetrySettings
+from harness_core.settings import (
+    CompactionSettings,
+    HarnessSettings,
+    ProgressSettings,
+    RetrySettings,
+    ToolSettings,
+    WatchdogSettings,
+)
 from harness_core.tasks import (
     Aborted,
     Checkpoint,
@@ -170,12 +177,14 @@ __all__ = [
     "ToolFilter",
     "ToolHookApi",
     "ToolResult",
+    "ToolSettings",
     "ToolSpec",
     "ToolTask",
     "Tx",
     "UsageDoc",
     "Wait",
     "WatchFrame",
+    "WatchdogSettings",
     "Write",
     "define_doc",
     "define_task",

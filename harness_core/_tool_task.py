@@ -327,6 +327,7 @@ async def _execute(
 
         await runtime.commit(write)
 
+    limit = harness.settings.tools.time_limit(spec.name, spec.timeout)
     api = ToolApi(
         harness=harness,
         runtime=runtime,
@@ -337,24 +338,33 @@ async def _execute(
         env=None,
         on_output=output.append,
         on_details=on_details,
+        time_limit=limit,
     )
     started = time.monotonic()
     error: Exception | None = None
     result: ToolResult
     flusher = asyncio.get_running_loop().create_task(flush_output(), name=f"tool-{task.id}-output")
+    run = harness.tool_runs.begin(task.id, spec.name)
+    deadline = asyncio.timeout(limit)
     try:
         api.env = await runtime.env()
-        raw = await spec.execute(arguments, api)
+        async with deadline:
+            raw = await spec.execute(arguments, api)
         result = ToolResult(content=raw) if isinstance(raw, str) else raw
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        error = exc
+        if not deadline.expired():
+            error = exc
         result = ToolResult(content=None, is_error=True)
     finally:
+        harness.tool_runs.end(run)
         flusher.cancel()
         await asyncio.gather(flusher, return_exceptions=True)
     duration_ms = int((time.monotonic() - started) * 1000)
+    timed_out = _timed_out_message(spec, limit) if limit is not None and deadline.expired() else None
+    if timed_out is not None:  # what the tool returned after its cancellation (if it did) does not count
+        result = ToolResult(content=None, is_error=True)
 
     content: list[TextContent | ImageContent]
     diagnostics: list[dict[str, Any]] = []
@@ -377,6 +387,8 @@ async def _execute(
         diagnostics.append(
             {"severity": "error", "message": f"{type(error).__name__}: {error}", "code": "tool_error"}
         )
+    if timed_out is not None:
+        diagnostics.append({"severity": "error", "message": timed_out, "code": "timeout"})
     details = result.details if result.details is not None else (details_box[0] if details_box else None)
     result = ToolResult(
         content=content, is_error=result.is_error, details=details, usage=result.usage, control=result.control
@@ -439,6 +451,8 @@ async def _execute(
             tools[spec.name] = Usage.model_validate(tools.get(spec.name, {})).plus(usage).model_dump()
         if error is not None:
             return Fail(f"{type(error).__name__}: {error}", result={"entry_id": entry_id})
+        if timed_out is not None:
+            return Fail(timed_out, result={"entry_id": entry_id})
         control_json = None
         if control is not None:
             control_json = {
@@ -449,6 +463,15 @@ async def _execute(
         return Complete({"entry_id": entry_id, "control": control_json})
 
     await runtime.commit(commit)
+
+
+def _timed_out_message(spec: ToolSpec, limit: float) -> str:
+    """The error a tool past its time limit gets. An unsafe tool may have done part of its effect: the model
+    is told so, as after an interruption, and decides (check before repeating)."""
+    message = f"Tool {spec.name} did not finish within its time limit of {limit:g} s and was stopped"
+    if spec.replay != "safe":
+        return message + "; it may have partially run"
+    return message
 
 
 async def _abort(task: Task, runtime: TaskRuntime) -> None:

@@ -23,6 +23,7 @@ from harness_core._reconcile import LiveView, ordinary_owned_work, reconcile
 from harness_core._scheduler import Blocked, Scheduler
 from harness_core._session import CloseInfo, Publication, Session, TaskScope
 from harness_core._tx import Tx
+from harness_core._watchdog import LoopWatchdog, ToolRuns
 from harness_core.agent import AgentChange, ResolvedAgent, resolve_agent
 from harness_core.documents import (
     AgentDoc,
@@ -107,6 +108,8 @@ class Harness:
         self._env_factory = env
         self.scheduler = Scheduler(self)
         self.context_cache = ContextCache()
+        self.tool_runs = ToolRuns()  # tool executions in progress, named by the lag watchdog
+        self.watchdog = LoopWatchdog(lambda: self.settings.watchdog, self.tool_runs)
         self._task_waiters: dict[int, list[asyncio.Future[Task]]] = {}
         self._submission_waiters: dict[int, list[asyncio.Future[Submission]]] = {}
         self._idle_waiters: list[tuple[int | None, asyncio.Future[None]]] = []
@@ -122,6 +125,7 @@ class Harness:
         session.closed.add_done_callback(
             lambda closed: None if closed.cancelled() else self._reject_waiters(closed.result())
         )
+        session.closed.add_done_callback(lambda _closed: self.watchdog.cancel())
         self._unsubscribe_registry = registry.subscribe(self.scheduler.request_pass)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -207,9 +211,10 @@ class Harness:
                 )
 
     def resume(self) -> None:
-        """Start scheduling (idempotent)."""
+        """Start scheduling (idempotent), and the event-loop lag watchdog with it."""
         self.session.check_open()
         self.scheduler.resume()
+        self.watchdog.start()
 
     @property
     def closed(self) -> asyncio.Future[CloseInfo]:
@@ -223,6 +228,7 @@ class Harness:
 
     async def _close(self) -> CloseInfo:
         await self.scheduler.stop()
+        await self.watchdog.stop()
         if not self.session.failed and not self.session.sealed:
             # A graceful close is not a crash: running tasks go back to pending without counting a restart.
             def settle(tx: Tx) -> None:

@@ -36,6 +36,35 @@ class ProgressSettings:
 
 
 @dataclass
+class ToolSettings:
+    """Time limits of tool executions, in seconds (`None`: no limit).
+
+    The limit of a tool is `timeouts[name]` when the host set one, else the tool's own `@tool(timeout=...)`,
+    else `timeout`. It covers `execute` only (not argument validation, hooks or an approval wait), per attempt
+    (a call replayed after a restart gets the whole limit again); a tool past its limit is cancelled and the
+    model gets an error result saying so.
+    """
+
+    timeout: float | None = 60.0
+    timeouts: dict[str, float | None] = field(default_factory=dict)
+
+    def time_limit(self, name: str, declared: float | None) -> float | None:
+        if name in self.timeouts:
+            return self.timeouts[name]
+        return declared if declared is not None else self.timeout
+
+
+@dataclass
+class WatchdogSettings:
+    """The event-loop lag watchdog: it wakes every `interval_ms` and logs a WARNING naming the tool tasks that
+    ran meanwhile when its wake-up came `threshold_ms` or more late (something blocked the loop)."""
+
+    enabled: bool = True
+    threshold_ms: int = 250
+    interval_ms: int = 100
+
+
+@dataclass
 class HarnessSettings:
     extensions: list[str] | None = None  # default selection; None = every installed extension
     retry: RetrySettings = field(default_factory=RetrySettings)
@@ -47,3 +76,5 @@ class HarnessSettings:
     restart_limit: int = 5  # process deaths at the same step before a task is parked
     stream: dict[str, Any] = field(default_factory=dict)  # provider options pinned into each request
     context_retention_ms: int = 600_000
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)

@@ -7,6 +7,14 @@ instead of a model argument. Return a `str` or a `ToolResult`.
 Replay: after a crash inside `execute`, a tool runs again only if it was declared `replay="safe"` both when its
 intent was committed and now. Everything else gets an "interrupted" error result and the model decides. A
 safe tool with external effects still needs an idempotency key of its own (derive it from `api.task_id`).
+
+Time limit: every execution runs under one (`@tool(timeout=...)` seconds, overridden by the host through
+`HarnessSettings.tools`; 60 s by default). Past it the tool is cancelled and the model gets an error result
+(for a replay-unsafe tool: "may have partially run"). So a tool must never block the event loop: no blocking
+I/O, `time.sleep` or long CPU work in `async def` code (use `asyncio.to_thread` for short blocking calls, and
+in a thread check a stop flag so the work ends when the tool is cancelled), and it must let `CancelledError`
+propagate. A loop blocked anyway is reported by the harness's lag watchdog (a WARNING naming the tool).
+`api.time_limit` tells a tool its limit, e.g. to return partial results before it.
 """
 
 from __future__ import annotations
@@ -80,8 +88,10 @@ class ToolApi:
         env: Any,
         on_output: Callable[[str], None],
         on_details: Callable[[Any], Awaitable[None]],
+        time_limit: float | None = None,
     ) -> None:
         self.harness = harness
+        self.time_limit = time_limit  # seconds this execution may take (None: no limit); see the module doc
         self._runtime = runtime
         self.task_id = task_id
         self.conversation_id = conversation_id
@@ -148,6 +158,7 @@ class ToolSpec:
     args_model: type[BaseModel] | None = None
     output_limits: OutputLimits = field(default_factory=OutputLimits)
     function: ToolFunction | None = None
+    timeout: float | None = None  # seconds; None: the host's default (HarnessSettings.tools)
 
     def declaration(self) -> ToolDeclaration:
         return ToolDeclaration(name=self.name, description=self.description, parameters=self.parameters)
@@ -187,6 +198,7 @@ def tool(
     replay: Replay = "unsafe",
     sequential: bool = False,
     output_limits: OutputLimits | None = None,
+    timeout: float | None = None,
 ) -> Callable[[ToolFunction], ToolSpec]: ...
 
 
@@ -199,11 +211,17 @@ def tool(
     replay: Replay = "unsafe",
     sequential: bool = False,
     output_limits: OutputLimits | None = None,
+    timeout: float | None = None,
 ) -> ToolSpec | Callable[[ToolFunction], ToolSpec]:
-    """Declare a tool: `@tool`, `@tool()` or `@tool(replay="safe", name=..., description=...)`."""
+    """Declare a tool: `@tool`, `@tool()` or `@tool(replay="safe", name=..., description=...)`.
+
+    `timeout`: the time limit of one execution in seconds, when the host's default (60 s) does not suit the
+    tool; the host can still override it per tool name."""
 
     def build(function: ToolFunction) -> ToolSpec:
-        return _build_tool(function, name, description, replay, sequential, output_limits or OutputLimits())
+        return _build_tool(
+            function, name, description, replay, sequential, output_limits or OutputLimits(), timeout
+        )
 
     if fn is not None:
         return build(fn)
@@ -217,9 +235,12 @@ def _build_tool(
     replay: Replay,
     sequential: bool,
     output_limits: OutputLimits,
+    timeout: float | None = None,
 ) -> ToolSpec:
     if replay not in ("safe", "unsafe"):
         raise ValueError(f"replay must be 'safe' or 'unsafe', got {replay!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds (or None), got {timeout!r}")
     tool_name = name or function.__name__
     signature = inspect.signature(function)
     hints = get_type_hints(function)
@@ -263,6 +284,7 @@ def _build_tool(
         args_model=args_model,
         output_limits=output_limits,
         function=function,
+        timeout=timeout,
     )
 
 
