@@ -1,8 +1,10 @@
 """Operator commands over the bot's storage: inspect, tasks, retry, approvals, export, check-config.
 
 Each opens the storage like the bot does (same registry, same owner lock) without starting to schedule, so
-what it shows is what the bot would resume. While the bot runs, they refuse (exit 2) instead of competing for
-the file.
+what it shows is what the bot would resume. While the bot runs (the owner lock is taken), the reading
+commands (inspect, tasks, approvals, export) open a read-only snapshot instead: no lock, no write, tasks shown
+as the running bot stored them. Commands that change something go through the running bot
+(`bots.operator_requests`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from bots.config import BotConfig, Problem
 from bots.ops import place_label
 from bots.runtime import (
     EXIT_ERROR,
+    EXIT_LOCKED,
     EXIT_OK,
     BotError,
     Runtime,
@@ -41,13 +44,22 @@ def _when(ms: Any) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-async def _operator_runtime(config: BotConfig, env: Mapping[str, str]) -> Runtime:
+async def _operator_runtime(config: BotConfig, env: Mapping[str, str], *, reading: bool = False) -> Runtime:
+    """The storage as owner; for a `reading` command, a read-only snapshot when the bot holds it."""
     try:
         return await open_runtime(config, env, must_exist=True)
     except BotError as exc:
-        if exc.exit_code == 2:
+        if exc.exit_code != EXIT_LOCKED:
+            raise
+        if not reading:
             raise BotError(f"{exc} ({LOCK_HINT})", exc.exit_code) from None
-        raise
+    return await open_runtime(config, env, must_exist=True, read_only=True)
+
+
+def _source_line(config: BotConfig, runtime: Runtime) -> str:
+    if runtime.storage.read_only:
+        return f"storage: {config.storage_path} (a snapshot read beside the running bot; nothing was written)"
+    return f"storage: {config.storage_path} (read by the operator; nothing was scheduled)"
 
 
 # --- gathering -------------------------------------------------------------------------------------------
@@ -205,7 +217,8 @@ def _say(out: TextIO, text: str = "") -> None:
 async def inspect_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, only_tasks: bool = False
 ) -> int:
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
+    source = _source_line(config, runtime)
     try:
         scheduling, tasks, submissions = await gather_tasks(runtime)
         if only_tasks:
@@ -221,7 +234,8 @@ async def inspect_command(
         await runtime.close()
     report = {
         "storage": str(config.storage_path),
-        "scheduling": scheduling,
+        "snapshot_beside_running_bot": runtime.storage.read_only,
+        "scheduling": "running (by the bot)" if runtime.storage.read_only else scheduling,
         "conversations": conversations,
         "tasks": tasks,
         "parked": [t["id"] for t in tasks if t["state"] == "parked"],
@@ -232,7 +246,7 @@ async def inspect_command(
     if as_json:
         _say(out, json.dumps(report, indent=2))
         return EXIT_OK
-    _say(out, f"storage: {config.storage_path} (read by the operator; nothing was scheduled)")
+    _say(out, source)
     _say(out, f"conversations ({len(conversations)}):")
     for conv in conversations:
         what = conv["label"] or (
@@ -273,7 +287,7 @@ def _render_tasks(out: TextIO, tasks: list[dict[str, Any]]) -> None:
 async def approvals_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, pending_only: bool
 ) -> int:
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
     try:
         approvals = await gather_approvals(runtime)
     finally:
@@ -373,7 +387,7 @@ async def export_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, conversation_id: int
 ) -> tuple[int, int]:
     """Write the transcript (fork-aware, oldest first) as JSONL. Returns (exit code, entries written)."""
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
     written = 0
     try:
         handle = await runtime.harness.conversation(conversation_id)

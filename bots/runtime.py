@@ -243,8 +243,12 @@ async def open_runtime(
     transport: httpx.AsyncBaseTransport | None = None,
     on_report: Callable[[BaseException], None] | None = None,
     must_exist: bool = False,
+    read_only: bool = False,
 ) -> Runtime:
-    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing."""
+    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing.
+
+    `read_only`: open a snapshot of the storage without the owner lock, beside a running bot (operator
+    reads); the harness then refuses every commit."""
     problems = check_tools(config)
     if problems:
         raise BotError("\n".join(str(p) for p in problems))
@@ -255,7 +259,11 @@ async def open_runtime(
         raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
     models = build_models(config.bot.model_ref, env)
     try:
-        storage = await SqliteStorage.open(path, durability=config.storage.durability)
+        storage = await (
+            SqliteStorage.open_read_only(path)
+            if read_only
+            else SqliteStorage.open(path, durability=config.storage.durability)
+        )
     except StorageLocked as exc:
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
     registry = Registry()
@@ -265,6 +273,7 @@ async def open_runtime(
         registry=registry,
         settings=config.harness_settings(),
         on_report=on_report or _report,
+        read_only=read_only,
     )
     agent = agent_change(config, tools)
     bridge = Bridge(harness, config=bridge_config(config), agent=agent, approvals=approval_policies(config))

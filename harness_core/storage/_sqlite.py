@@ -36,7 +36,7 @@ from harness_core.records import (
 from harness_core.storage._common import check_cursor, make_cursor, materialize
 from harness_core.storage._lock import OwnerLock
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
-from harness_core.storage._sqlite_schema import migrate
+from harness_core.storage._sqlite_schema import SCHEMA_VERSION, migrate
 
 Durability = Literal["normal", "full"]
 T = TypeVar("T")
@@ -245,6 +245,26 @@ def _setup(conn: sqlite3.Connection, path: str, durability: Durability) -> Stora
     return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
 
 
+def _read_only_setup(conn: sqlite3.Connection, path: str) -> StorageMeta:
+    """Start the one read transaction every later read of a read-only handle runs in (its snapshot)."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()  # a foreign file fails here
+    if version != SCHEMA_VERSION:
+        raise StorageError(
+            f"storage {path} has schema version {version}, this build reads {SCHEMA_VERSION}; "
+            "start the bot (it migrates the file) or use the matching durable-bots version"
+        )
+    conn.execute("BEGIN")
+    next_id, last_seq = conn.execute("SELECT next_id, last_seq FROM meta WHERE id = 1").fetchone()
+    return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
+
+
+def _existing(path: Path) -> tuple[Path, str]:
+    file = path.absolute()
+    if not file.is_file():
+        raise StorageError(f"there is no storage at {file}")
+    return file, str(file)
+
+
 def _prepare(path: Path) -> tuple[str, OwnerLock]:
     """Take the owner lock, then create the file. A few local syscalls, done inline."""
     file = path.absolute()
@@ -275,7 +295,7 @@ class SqliteStorage:
         path: str,
         db: aiosqlite.Connection,
         reader: aiosqlite.Connection,
-        lock: OwnerLock,
+        lock: OwnerLock | None,
         meta: StorageMeta,
     ) -> None:
         self._path = path
@@ -293,6 +313,7 @@ class SqliteStorage:
         self._closed = False
         self._uncheckpointed = 0
         self._checkpointing: asyncio.Task[None] | None = None  # owned here: awaited by close()
+        self.read_only = lock is None  # opened by open_read_only(): one snapshot, no writes, no lock
 
     @classmethod
     async def open(
@@ -332,6 +353,34 @@ class SqliteStorage:
             raise
         return cls(description, db, reader, lock, meta)
 
+    @classmethod
+    async def open_read_only(
+        cls, path: str | os.PathLike[str], *, busy_timeout: float = 5.0
+    ) -> SqliteStorage:
+        """Open an existing database for reading only, beside the process that owns it.
+
+        Takes no owner lock and writes nothing to the database (`mode=ro`); WAL lets this reader run beside
+        the owner's commits. Every read of the handle runs in one read transaction started here, so what it
+        returns is one consistent snapshot as of the open, however many commits land meanwhile. `commit()`
+        raises `StorageRequestError`. Close it soon: the snapshot holds back WAL checkpoints past it.
+
+        SQLite creates the `-wal` and `-shm` files if they are missing and, after a crash, rebuilds the WAL
+        index in `-shm` (shared memory, not the database), so this also works when no owner runs.
+        """
+        file, description = _existing(Path(path))
+        try:
+            db = await aiosqlite.connect(
+                f"{file.as_uri()}?mode=ro", uri=True, isolation_level=None, timeout=busy_timeout
+            )
+            try:
+                meta = await _on_thread(db, lambda conn: _read_only_setup(conn, description))
+            except BaseException:
+                await db.close()
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(description, "open read-only", exc) from exc
+        return cls(description, db, db, None, meta)
+
     @property
     def description(self) -> str:
         return self._path
@@ -364,6 +413,8 @@ class SqliteStorage:
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
+        if self.read_only:
+            raise StorageRequestError(f"storage {self._path} is open read-only; commits need its owner")
         last = self._last_seq
         for batch in batches:
             if batch.seq <= last:
@@ -628,6 +679,9 @@ class SqliteStorage:
         if self._closed:
             return
         self._closed = True
+        if self._lock is None:  # read-only: end the snapshot, nothing to write back or release
+            await self._db.close()
+            return
         try:
             if self._checkpointing is not None:
                 await asyncio.gather(self._checkpointing, return_exceptions=True)
