@@ -27,8 +27,10 @@ import httpx
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
+from bots.admin import AdminError, AdminServer, readiness_of
 from bots.config import OPS_TOOLS, BotConfig, Problem
 from bots.demo import demo_delay, demo_provider
+from bots.metrics import BotMetrics
 from bots.ops import OpsContext, history_extension, ops_extension
 from harness_core import (
     AgentChange,
@@ -244,11 +246,12 @@ async def open_runtime(
     on_report: Callable[[BaseException], None] | None = None,
     must_exist: bool = False,
     read_only: bool = False,
+    metrics: BotMetrics | None = None,
 ) -> Runtime:
     """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing.
 
     `read_only`: open a snapshot of the storage without the owner lock, beside a running bot (operator
-    reads); the harness then refuses every commit."""
+    reads); the harness then refuses every commit. `metrics`: measure model requests and commits."""
     problems = check_tools(config)
     if problems:
         raise BotError("\n".join(str(p) for p in problems))
@@ -266,9 +269,12 @@ async def open_runtime(
         )
     except StorageLocked as exc:
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+    if metrics is not None:
+        for provider in models.providers():
+            models.set_provider(metrics.provider(provider))
     registry = Registry()
     harness = await Harness.open(
-        storage,
+        storage if metrics is None else metrics.storage(storage),
         models=models,
         registry=registry,
         settings=config.harness_settings(),
@@ -429,11 +435,25 @@ async def run_bot(
         except Exception as exc:
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
-    runtime = await open_runtime(config, env)
+    metrics = BotMetrics()
+    runtime = await open_runtime(config, env, metrics=metrics)
     console.say(
         f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
         f"storage {config.storage_path})"
     )
+    started: list[Adapter] = []
+    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
+    admin: AdminServer | None = None
+    address = config.admin.address
+    if address is not None:
+        try:
+            admin = AdminServer(address, metrics, readiness_of(runtime.harness, started, phase), env)
+            await admin.start()
+        except AdminError as exc:
+            await runtime.close()
+            raise BotError(str(exc)) from None
+        console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
+    unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -451,7 +471,6 @@ async def run_bot(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
-    started: list[Adapter] = []
     code = EXIT_OK
     try:
         await runtime.bridge.start()
@@ -475,6 +494,7 @@ async def run_bot(
         if parked:
             ids = ", ".join(str(t.record.id) for t in parked)
             console.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
+        phase[0] = ""
         console.say(
             f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM"
         )
@@ -491,6 +511,7 @@ async def run_bot(
             why = received[0] if received else "stop requested"
             console.say(f"durable-bots: stopping ({why}): intake first, then running work settles")
     finally:
+        phase[0] = "stopping"
         for adapter in reversed(started):
             try:
                 await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)
@@ -504,6 +525,9 @@ async def run_bot(
         except Exception as exc:
             log.warning("closing the harness: %r", exc)
             code = EXIT_ERROR
+        unbind_metrics()
+        if admin is not None:
+            await admin.stop()
         for signum in installed:
             loop.remove_signal_handler(signum)
     if code == EXIT_OK:

@@ -121,6 +121,7 @@ class ReplyWorker:
         ids = await self.show(transport, target, reply, parts, final=final)
         if final:
             await self.finish(reply, target, answer_entry, ids)
+            self.bridge.stats.answers_delivered[target.platform] += 1
             return True
         return False
 

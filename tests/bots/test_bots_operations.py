@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from bots_cli_support import BotProcess, bot_env, cli, write_config
+from slack_ops_support import LAST_LINE, SlackBot, body, sample, slack_bot
+
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +47,68 @@ async def test_read_commands_show_a_snapshot_while_the_bot_runs(tmp_path: Path) 
         assert await bot.terminate() == 0
     finally:
         await bot.kill()
+
+
+async def test_admin_endpoint_probes_and_metrics_follow_the_bot_on_slack(tmp_path: Path) -> None:
+    async with slack_bot(tmp_path) as s:
+        assert (await s.get("healthz"))[0] == 200
+        status, ready = await s.get("readyz")
+        assert (status, body(ready)) == (200, {"ready": True})
+        before = await s.metrics()
+        assert sample(before, "durable_bots_messages_taken_in_total", platform="slack") == 0
+        assert sample(before, "durable_bots_adapter_connected", platform="slack") == 1
+
+        # A message: taken in, answered (model request), delivered, written to Slack; one write gets a 429.
+        s.slack.rate_limit("chat.update", times=1, retry_after=1)
+        await s.slack.user_posts(s.channel, s.alice, "hello")
+        await s.slack.wait_for_message(s.channel, contains=LAST_LINE, timeout=30)
+        after = await s.until(
+            lambda: _when(
+                s, lambda m: sample(m, "durable_bots_answers_delivered_total", platform="slack") == 1
+            )
+        )
+        assert sample(after, "durable_bots_messages_taken_in_total", platform="slack") == 1
+        assert sample(after, "durable_bots_platform_rate_limited_total", platform="slack") == 1
+        assert sample(after, "durable_bots_platform_writes_total", platform="slack") >= 2
+        assert sample(after, "durable_bots_model_requests_total", model="faux:demo", outcome="ok") >= 1
+        assert sample(after, "durable_bots_commit_seconds_count") > 0
+        assert ("durable_bots_event_loop_lag_seconds", ()) in after
+
+        # A tool run and an approval: pending while the card waits, decided after the approver's click.
+        await s.slack.user_posts(s.channel, s.alice, "deploy checkout 1.4.3")
+        card, gate = await s.approval_card()
+        pending = await s.until(lambda: _when(s, lambda m: sample(m, "durable_bots_approvals_pending") == 1))
+        assert sample(pending, "durable_bots_approvals_decided_total", outcome="approved") == 0
+        await s.click(card, gate, s.lead)
+        decided = await s.until(
+            lambda: _when(
+                s, lambda m: sample(m, "durable_bots_tool_runs_total", tool="deploy", outcome="ok") == 1
+            )
+        )
+        assert sample(decided, "durable_bots_approvals_decided_total", outcome="approved") == 1
+        assert sample(decided, "durable_bots_approvals_pending") == 0
+
+        # The socket drops and Slack refuses new ones: not ready, naming slack; ready again once it reconnects.
+        refused = s.slack.fail("apps.connections.open", times=None)
+        await s.slack.drop_connections()
+
+        async def not_ready() -> dict[str, object] | None:
+            status, text = await s.get("readyz")
+            return body(text) if status == 503 else None
+
+        down = await s.until(not_ready)
+        assert down["ready"] is False and "slack" in down["not_ready"], down
+        assert (await s.get("healthz"))[0] == 200  # alive, only not ready
+        refused.cancel()
+
+        async def ready_again() -> bool:
+            return (await s.get("readyz"))[0] == 200
+
+        await s.until(ready_again, 30)
+        assert sample(await s.metrics(), "durable_bots_reconnects_total", platform="slack") >= 1
+        assert await s.bot.terminate() == 0, await s.bot.stderr()
+
+
+async def _when(s: SlackBot, predicate: Callable[[Metrics], bool]) -> Metrics | None:
+    found = await s.metrics()
+    return found if predicate(found) else None
