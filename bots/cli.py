@@ -17,7 +17,9 @@ from pathlib import Path
 from bots.config import BotConfig, ConfigError, load_config
 from bots.operator import (
     approvals_command,
+    cancel_command,
     check_config_command,
+    decide_command,
     export_command,
     inspect_command,
     retry_command,
@@ -25,6 +27,7 @@ from bots.operator import (
 from bots.runtime import EXIT_ERROR, BotError, run_bot
 
 DEFAULT_CONFIG = "config/ops.toml"
+EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
     retry.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it (default 120)")
 
-    approvals = sub.add_parser("approvals", parents=[common], help="pending and decided approval requests")
+    cancel = sub.add_parser("cancel", parents=[common], help="abort a live task (in the running bot too)")
+    cancel.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+
+    approvals = sub.add_parser(
+        "approvals",
+        parents=[common],
+        help="pending and decided approval requests; `approvals decide GATE approve|deny --as NAME`",
+    )
+    approvals.add_argument(
+        "decision",
+        nargs="*",
+        metavar="decide GATE approve|deny",
+        help="decide a pending request as an operator (an override of the approver list, recorded as such)",
+    )
+    approvals.add_argument("--as", dest="as_name", metavar="NAME", help="who decides (with `decide`)")
     approvals.add_argument("--pending", action="store_true", help="only pending requests")
     approvals.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -96,12 +113,32 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":
         return await retry_command(config, env, out, args.task, timeout=args.timeout)
+    if args.command == "cancel":
+        return await cancel_command(config, env, out, args.task)
+    if args.command == "approvals" and args.decision:
+        gate, approve = _decision(args)
+        return await decide_command(config, env, out, gate, approve=approve, name=args.as_name)
     if args.command == "approvals":
         return await approvals_command(config, env, out, as_json=args.json, pending_only=args.pending)
     if args.command == "export":
         code, _ = await export_command(config, env, out, args.conversation)
         return code
     raise BotError(f"unknown command {args.command}")
+
+
+def _decision(args: argparse.Namespace) -> tuple[int, bool]:
+    words = list(args.decision)
+    usage = "usage: durable-bots approvals decide GATE approve|deny --as NAME"
+    if (
+        len(words) != 3
+        or words[0] != "decide"
+        or not words[1].isdigit()
+        or words[2] not in ("approve", "deny")
+    ):
+        raise BotError(f"{usage} (got {' '.join(words)!r})", EXIT_USAGE)
+    if not args.as_name:
+        raise BotError(f"{usage}: --as NAME says who decides (recorded with the decision)", EXIT_USAGE)
+    return int(words[1]), words[2] == "approve"
 
 
 def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:

@@ -31,6 +31,7 @@ from bots.admin import AdminError, AdminServer, readiness_of
 from bots.config import OPS_TOOLS, BotConfig, Problem
 from bots.demo import demo_delay, demo_provider
 from bots.metrics import BotMetrics
+from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
 from harness_core import (
     AgentChange,
@@ -454,6 +455,7 @@ async def run_bot(
             raise BotError(str(exc)) from None
         console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
     unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
+    desk = OperatorDesk(runtime.storage, runtime.harness, runtime.bridge)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -488,6 +490,7 @@ async def run_bot(
             if url is not None:
                 console.say(f"{adapter.name}: {url}")
         runtime.harness.resume()
+        desk.start()
         freeze_startup_heap()
         inspection = await runtime.harness.inspect()
         parked = inspection.parked()
@@ -512,6 +515,7 @@ async def run_bot(
             console.say(f"durable-bots: stopping ({why}): intake first, then running work settles")
     finally:
         phase[0] = "stopping"
+        await desk.stop()
         for adapter in reversed(started):
             try:
                 await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)

@@ -102,9 +102,15 @@ class Bridge:
         user_name: str,
         approve: bool,
         user_groups: Collection[str] | None = None,
+        operator: bool = False,
     ) -> Decision:
         decision = await self.approvals.decide(
-            gate_id, user_id=user_id, user_name=user_name, approve=approve, user_groups=user_groups
+            gate_id,
+            user_id=user_id,
+            user_name=user_name,
+            approve=approve,
+            user_groups=user_groups,
+            operator=operator,
         )
         if decision.accepted:
             self.stats.approvals_decided[decision.status] += 1

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from harness_core.records import (
 )
 from harness_core.storage._common import check_cursor, make_cursor, materialize
 from harness_core.storage._lock import OwnerLock
+from harness_core.storage._operator import OperatorRequest
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
 from harness_core.storage._sqlite_schema import SCHEMA_VERSION, migrate
 
@@ -243,6 +246,77 @@ def _setup(conn: sqlite3.Connection, path: str, durability: Durability) -> Stora
     migrate(conn, path)
     next_id, last_seq = conn.execute("SELECT next_id, last_seq FROM meta WHERE id = 1").fetchone()
     return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
+
+
+# Operator requests (see _operator.py) live in a table of their own, outside the versioned schema: it is
+# created by whichever side touches it first and is never part of a harness commit.
+_REQUESTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS operator_requests (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
+    "args TEXT NOT NULL, status TEXT NOT NULL, outcome TEXT, created_at INTEGER NOT NULL, finished_at INTEGER)"
+)
+_REQUEST_COLUMNS = "id, kind, args, status, outcome, created_at, finished_at"
+
+
+def _request_of(row: Sequence[Any]) -> OperatorRequest:
+    return OperatorRequest(
+        id=row[0],
+        kind=row[1],
+        args=json.loads(row[2]),
+        status=row[3],
+        outcome=json.loads(row[4]) if row[4] is not None else None,
+        created_at=row[5],
+        finished_at=row[6],
+    )
+
+
+def _has_requests(conn: sqlite3.Connection) -> bool:
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'operator_requests'")
+    return found.fetchone() is not None
+
+
+def _put_request(conn: sqlite3.Connection, kind: str, args: str) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(_REQUESTS_TABLE)
+        cursor = conn.execute(
+            "INSERT INTO operator_requests (kind, args, status, created_at) VALUES (?, ?, 'pending', ?)",
+            (kind, args, int(time.time() * 1000)),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return int(cursor.lastrowid or 0)
+
+
+def _get_request(conn: sqlite3.Connection, request_id: int) -> OperatorRequest | None:
+    if not _has_requests(conn):
+        return None
+    row = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE id = ?", (request_id,)
+    ).fetchone()
+    return None if row is None else _request_of(row)
+
+
+def _pending_requests(conn: sqlite3.Connection, limit: int) -> list[OperatorRequest]:
+    if not _has_requests(conn):
+        return []
+    rows = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE status = 'pending' ORDER BY id LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [_request_of(row) for row in rows]
+
+
+def _settle_request(conn: sqlite3.Connection, request_id: int, status: str, outcome: str | None) -> bool:
+    if not _has_requests(conn):
+        return False
+    changed = conn.execute(
+        "UPDATE operator_requests SET status = ?, outcome = ?, finished_at = ? WHERE id = ? AND status = 'pending'",
+        (status, outcome, int(time.time() * 1000), request_id),
+    ).rowcount
+    return bool(changed)
 
 
 def _read_only_setup(conn: sqlite3.Connection, path: str) -> StorageMeta:
@@ -673,6 +747,50 @@ class SqliteStorage:
             sql += " AND retired_seq IS NULL"
         rows = await self._scan_rows(sql + " ORDER BY id", params, "scan documents")
         return [self._doc_record(text, retired) for retired, text in rows]
+
+    # --- operator requests (harness_core.storage.OperatorRequests) ------------------------------------------
+
+    async def _requests(self, fn: Callable[[sqlite3.Connection], T], action: str) -> T:
+        """Run a request-table call: on the writer thread for the owner; for a read-only handle on a short
+        connection of its own (its snapshot would never see the owner's answers, and it must not write)."""
+        self._check()
+        if not self.read_only:
+            return await self._run(fn, action)
+
+        def once() -> T:
+            conn = sqlite3.connect(self._path, isolation_level=None, timeout=5.0)
+            try:
+                return fn(conn)
+            finally:
+                conn.close()
+
+        try:
+            return await asyncio.to_thread(once)
+        except sqlite3.Error as exc:
+            raise _translate(self._path, action, exc) from exc
+
+    async def put_operator_request(self, kind: str, args: dict[str, Any]) -> int:
+        text = json.dumps(args)
+        return await self._requests(lambda conn: _put_request(conn, kind, text), "queue an operator request")
+
+    async def operator_request(self, request_id: int) -> OperatorRequest | None:
+        return await self._requests(lambda conn: _get_request(conn, request_id), "read an operator request")
+
+    async def withdraw_operator_request(self, request_id: int) -> bool:
+        return await self._requests(
+            lambda conn: _settle_request(conn, request_id, "withdrawn", None), "withdraw an operator request"
+        )
+
+    async def pending_operator_requests(self, limit: int = 20) -> list[OperatorRequest]:
+        return await self._requests(lambda conn: _pending_requests(conn, limit), "read operator requests")
+
+    async def finish_operator_request(
+        self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]
+    ) -> bool:
+        text = json.dumps(outcome)
+        return await self._requests(
+            lambda conn: _settle_request(conn, request_id, status, text), "finish an operator request"
+        )
 
     async def close(self) -> None:
         """Checkpoint the WAL into the database file, close the connection, release the owner lock."""

@@ -12,6 +12,8 @@ import pytest
 from bots_cli_support import BotProcess, bot_env, cli, write_config
 from slack_ops_support import LAST_LINE, SlackBot, body, sample, slack_bot
 
+from harness_core.storage import SqliteStorage
+
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 pytestmark = pytest.mark.slow
@@ -112,3 +114,86 @@ async def test_admin_endpoint_probes_and_metrics_follow_the_bot_on_slack(tmp_pat
 async def _when(s: SlackBot, predicate: Callable[[Metrics], bool]) -> Metrics | None:
     found = await s.metrics()
     return found if predicate(found) else None
+
+
+def call(tool: str, arguments: dict[str, object], message_id: str) -> dict[str, str]:
+    return {"id": message_id, "text": f"/call {tool} {json.dumps(arguments)}"}
+
+
+async def request_latency_ms(workdir: Path, request_id: int) -> int:
+    storage = await SqliteStorage.open_read_only(workdir / "bot.sqlite")
+    try:
+        found = await storage.operator_request(request_id)
+    finally:
+        await storage.close()
+    assert found is not None and found.finished_at is not None
+    return found.finished_at - found.created_at
+
+
+async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
+    for _ in range(2):  # the tool kills its process: once, and once more after the one allowed restart
+        crashed = await BotProcess.start(config, env=env)
+        assert await crashed.finish() == -9
+    bot = await BotProcess.start(config, env=env)
+    try:
+        parked = await bot.wait_for(lambda line: "parked task(s)" in line)
+        assert parked is not None, bot.output()
+        task_id = int(parked.split("task(s) (")[1].split(")")[0])
+        (tmp_path / "repaired").touch()
+        retried = await cli(config, "retry", str(task_id), env=env)
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
+        assert f"task {task_id} (core.tool) completed" in retried.stdout
+        assert "result: worked this time" in retried.stdout
+        assert await request_latency_ms(tmp_path, 1) < 1500  # picked up within about a second
+        # The bot itself delivers the model's answer to the tool result.
+        await bot.wait_for_fake(
+            lambda r: r["op"] == "edit" and r["final"] and "worked this time" in r["text"]
+        )
+        again = await cli(config, "retry", str(task_id), env=env)
+        assert again.returncode == 1 and "already ended; nothing to retry" in again.stderr
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+
+
+async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    inbox = tmp_path / "inbox.jsonl"
+    config = write_config(
+        tmp_path,
+        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
+        extra=f'inbox = "{inbox}"\n',
+    )
+    bot = await BotProcess.start(config, env=env)
+    try:
+        card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
+        gate = int(card["gate"])
+        usage = await cli(config, "approvals", "decide", str(gate), "deny", env=env)
+        assert usage.returncode == 2 and "--as NAME" in usage.stderr
+        denied = await cli(config, "approvals", "decide", str(gate), "deny", "--as", "oncall", env=env)
+        assert denied.returncode == 0, denied.stderr
+        assert f"gate {gate} denied by oncall (operator override) (by the running bot)" in denied.stdout
+        assert await request_latency_ms(tmp_path, 1) < 1500
+        await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "denied" in r["text"].lower())
+        twice = await cli(config, "approvals", "decide", str(gate), "approve", "--as", "oncall", env=env)
+        assert twice.returncode == 1 and "already denied by oncall (operator override)" in twice.stderr
+        listed = json.loads((await cli(config, "approvals", "--json", env=env)).stdout)["approvals"]
+        (decided,) = [g for g in listed if g["id"] == gate]
+        assert decided["status"] == "denied" and decided["operator_override"] is True
+        assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
+
+        # A second deploy waits for its approver; the operator cancels its task instead.
+        inbox.write_text(json.dumps({"id": "2", "text": "deploy payments 2.8.0"}) + "\n")
+        second = await bot.wait_for_fake(lambda r: r["op"] == "approval" and r["gate"] != gate)
+        cancelled = await cli(config, "cancel", str(second["gate"]), env=env)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert "is being cancelled (by the running bot)" in cancelled.stdout
+        tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+        assert second["gate"] not in [t["id"] for t in tasks]
+        assert not (tmp_path / "deploys.jsonl").exists()
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
