@@ -33,6 +33,7 @@ from bots.demo import demo_delay, demo_provider
 from bots.metrics import BotMetrics
 from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
+from bots.reload import Reloads
 from harness_core import (
     AgentChange,
     AgentDoc,
@@ -473,6 +474,10 @@ async def run_bot(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
+    reloads = Reloads(runtime, console.say)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, reloads.request)
+        installed.append(int(signal.SIGHUP))
     code = EXIT_OK
     try:
         await runtime.bridge.start()
@@ -516,6 +521,7 @@ async def run_bot(
     finally:
         phase[0] = "stopping"
         await desk.stop()
+        await reloads.stop()
         for adapter in reversed(started):
             try:
                 await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,3 +198,47 @@ async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: P
         assert await bot.terminate() == 0
     finally:
         await bot.kill()
+
+
+def deploys(workdir: Path) -> list[dict[str, object]]:
+    path = workdir / "deploys.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_sighup_adds_an_approver_and_a_bad_file_keeps_the_running_config(tmp_path: Path) -> None:
+    async with slack_bot(tmp_path) as s:
+        carol = s.slack.add_user("UCAROL", name="carol", display_name="Carol")
+        await s.slack.user_posts(s.channel, s.alice, "deploy checkout 1.4.3")
+        card, gate = await s.approval_card()
+        await s.click(card, gate, carol)  # not an approver (yet): refused, the card stays
+        await asyncio.sleep(0.5)
+        assert deploys(tmp_path) == [] and any(b.get("type") == "actions" for b in card.blocks or [])
+        await s.click(card, gate, s.lead)
+        await s.until(lambda: _true(len(deploys(tmp_path)) == 1))
+
+        # A broken file: refused with its line, nothing changes, the bot keeps running.
+        text = s.config.read_text()
+        s.config.write_text(text.replace("expires_minutes = 30", 'expires_minutes = "soon"'))
+        s.bot.process.send_signal(signal.SIGHUP)
+        refused = await s.bot.wait_for(lambda line: "reload refused" in line)
+        assert refused is not None and "1 problem(s)" in refused
+
+        s.config.write_text(text.replace('approvers = ["ULEAD"]', 'approvers = ["ULEAD", "UCAROL"]'))
+        s.bot.process.send_signal(signal.SIGHUP)
+        assert await s.bot.wait_for(lambda line: "durable-bots: reloaded" in line) is not None
+        await s.slack.user_posts(s.channel, s.alice, "deploy payments 2.8.0")
+
+        async def second_card() -> tuple[object, int] | None:
+            card, found = await s.approval_card()
+            return (card, found) if found != gate else None
+
+        card2, gate2 = await s.until(second_card)
+        await s.click(card2, gate2, carol)  # carol's click counts now
+        await s.until(lambda: _true(len(deploys(tmp_path)) == 2))
+        assert await s.bot.terminate() == 0
+        stderr = await s.bot.stderr()
+        assert f"{s.config}:" in stderr and "approvals.expires_minutes" in stderr, stderr
+
+
+async def _true(value: bool) -> bool:
+    return value
