@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from bots.config import BotConfig, ConfigError, load_config
+from bots.logs import setup_logging
 from bots.operator import (
     approvals_command,
     cancel_command,
@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr logging"
+    )
+    common.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="stderr logging as text or one JSON object per line (default: [logging] format, else text)",
     )
     parser = argparse.ArgumentParser(
         prog="durable-bots",
@@ -96,14 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
     env = dict(os.environ)
     out = sys.stdout
@@ -158,12 +155,14 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format or "text")
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_ERROR
+    if args.log_format is None and config.logging.format != "text":
+        setup_logging(args.log_level, config.logging.format)
     if args.command == "check-config":
         return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
     try:

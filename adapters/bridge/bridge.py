@@ -20,7 +20,7 @@ from adapters.bridge.model import BridgeConfig, IncomingMessage, Place
 from adapters.bridge.schedule import ScheduledTask, schedule_tool
 from adapters.bridge.stats import BridgeStats
 from adapters.bridge.transport import Transport
-from harness_core import AgentChange, Extension, Harness, Publication
+from harness_core import AgentChange, Extension, Harness, Publication, log_context
 
 log = logging.getLogger("adapters.bridge")
 
@@ -89,9 +89,12 @@ class Bridge:
 
     async def intake(self, message: IncomingMessage) -> IntakeResult:
         """Commit a human message (exactly once per message identity). Acknowledge the platform after this."""
-        result = await intake(self, message)
-        counter = self.stats.duplicates if result.outcome == "duplicate" else self.stats.taken_in
-        counter[message.place.platform] += 1
+        with log_context(place=message.place.key, platform_message=message.message_id):
+            result = await intake(self, message)
+            counter = self.stats.duplicates if result.outcome == "duplicate" else self.stats.taken_in
+            counter[message.place.platform] += 1
+            with log_context(conversation=result.conversation_id, submission=result.submission_id):
+                log.info("message %s taken in: %s", message.message_id, result.outcome)
         return result
 
     async def decide(

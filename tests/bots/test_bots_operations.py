@@ -242,3 +242,33 @@ async def test_sighup_adds_an_approver_and_a_bad_file_keeps_the_running_config(t
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    inbox = tmp_path / "inbox.jsonl"
+    config = write_config(
+        tmp_path,
+        messages=[{"id": "m-1", "text": "deploy checkout 1.4.3"}],
+        extra=f'inbox = "{inbox}"\n',
+    )
+    bot = await BotProcess.start(config, "--log-format", "json", "--log-level", "INFO", env=env)
+    try:
+        card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
+        click = {"click": card["gate"], "user": "U-lead", "name": "lead", "approve": True}
+        inbox.write_text(json.dumps(click) + "\n")
+        await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "1.4.3" in r["text"])
+        assert await bot.terminate() == 0
+        lines = (await bot.stderr()).splitlines()
+    finally:
+        await bot.kill()
+    records = [json.loads(line) for line in lines]  # every line parses
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    (intake,) = [r for r in records if r["message"] == "message m-1 taken in: answering"]
+    assert intake["platform_message"] == "m-1" and intake["place"] == "fake:W1:C1"
+    assert isinstance(intake["conversation"], int) and isinstance(intake["submission"], int)
+    (deploy,) = [r for r in records if r["message"].startswith("deploy of checkout 1.4.3")]
+    assert deploy["task"] == card["gate"] and deploy["conversation"] == intake["conversation"]
+    assert deploy["level"] == "INFO" and deploy["time"].endswith("Z")
+    delivered = [r for r in records if r["message"].startswith("answer delivered")]
+    assert delivered and all("submission" in r for r in delivered)
