@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bots.backup import backup_storage
 from bots.config import BotConfig, ConfigError, load_config
 from bots.logs import setup_logging
 from bots.operator import (
@@ -24,7 +25,7 @@ from bots.operator import (
     inspect_command,
     retry_command,
 )
-from bots.runtime import EXIT_ERROR, BotError, run_bot
+from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, run_bot
 
 DEFAULT_CONFIG = "config/ops.toml"
 EXIT_USAGE = 2
@@ -97,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
+    backup = sub.add_parser(
+        "backup",
+        parents=[common],
+        help="a consistent copy of the storage (safe while the bot runs), mode 0600",
+    )
+    backup.add_argument("file", type=Path, metavar="FILE", help="where to write the copy")
+
     sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
     return parser
 
@@ -166,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
     try:
+        if args.command == "backup":
+            size = backup_storage(config.storage_path, args.file)
+            print(f"backed up {config.storage_path} to {args.file} ({size} bytes, mode 0600)")
+            return EXIT_OK
         if args.command == "export" and args.out is not None:
             return _export_to_file(args, config)
         return asyncio.run(_dispatch(args, config))

@@ -272,3 +272,29 @@ async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: 
     assert deploy["level"] == "INFO" and deploy["time"].endswith("Z")
     delivered = [r for r in records if r["message"].startswith("answer delivered")]
     assert delivered and all("submission" in r for r in delivered)
+
+
+async def test_backup_while_the_bot_runs_is_a_consistent_private_copy(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[{"id": "1", "text": "hello"}])
+    bot = await BotProcess.start(config, env=env)
+    try:
+        await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"])
+        target = tmp_path / "backups" / "bot-copy.sqlite"
+        done = await cli(config, "backup", str(target), env=env)
+        assert done.returncode == 0, done.stderr
+        assert f"to {target}" in done.stdout
+        assert (target.stat().st_mode & 0o777) == 0o600
+        assert not list(target.parent.glob("*.part")) and not list(target.parent.glob("*-wal"))
+        # The copy is a storage of its own: it opens (taking its own lock) and holds the conversation.
+        copy = await SqliteStorage.open(target)
+        try:
+            conversations = (await copy.scan_conversations()).items
+            entries = [e for c in conversations for e in (await copy.scan_entries(c.id)).items]
+            assert any(e.kind == "core.user" for e in entries)
+        finally:
+            await copy.close()
+        assert bot.process.returncode is None  # the bot never noticed
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
