@@ -15,6 +15,7 @@ from pathlib import Path
 
 from bots.backup import backup_storage
 from bots.config import BotConfig, ConfigError, load_config
+from bots.doctor import doctor_command
 from bots.logs import setup_logging
 from bots.operator import (
     approvals_command,
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("file", type=Path, metavar="FILE", help="where to write the copy")
 
     sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
+    sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check config, storage, platform tokens and scopes, the model and the deploy webhook",
+    )
     return parser
 
 
@@ -118,6 +124,8 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":
         return await retry_command(config, env, out, args.task, timeout=args.timeout)
+    if args.command == "doctor":
+        return await doctor_command(config, env, out)
     if args.command == "cancel":
         return await cancel_command(config, env, out, args.task)
     if args.command == "approvals" and args.decision:

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bots_cli_support import BotProcess, bot_env, cli, write_config
+from bots_cli_support import BotProcess, bot_env, cli, free_port, shipped_config_in, write_config
 from slack_ops_support import LAST_LINE, SlackBot, body, sample, slack_bot
 
+from adapters.slack.testing import FakeSlack
 from harness_core.storage import SqliteStorage
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -298,3 +299,38 @@ async def test_backup_while_the_bot_runs_is_a_consistent_private_copy(tmp_path: 
         assert await bot.terminate() == 0
     finally:
         await bot.kill()
+
+
+async def test_doctor_names_a_bad_bot_token_and_a_model_endpoint_that_refuses(tmp_path: Path) -> None:
+    async with FakeSlack() as slack:
+        append = '\n[adapters.slack]\nmode = "socket"\n'
+        config = shipped_config_in(tmp_path, append=append)
+        healthy = await cli(config, "doctor", env=bot_env(tmp_path, **slack.env))
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        assert "ok   slack auth.test: bot token works" in healthy.stdout
+        assert "ok   slack apps.connections.open" in healthy.stdout
+        assert "ok   model faux:demo" in healthy.stdout
+
+        refusing = f"http://127.0.0.1:{free_port()}/v1"
+        broken = shipped_config_in(
+            tmp_path, append=append, replace={'model = "faux:demo"': 'model = "openai:gpt-4o"'}
+        )
+        env = bot_env(
+            tmp_path,
+            **{**slack.env, "SLACK_BOT_TOKEN": "xoxb-not-the-right-one"},
+            OPENAI_BASE_URL=refusing,
+            OPENAI_API_KEY="test-key-for-doctor",
+            DEPLOY_WEBHOOK_URL=f"http://user:pw@127.0.0.1:{free_port()}/hook?token=abc",
+        )
+        sick = await cli(broken, "doctor", env=env)
+    assert sick.returncode == 1, sick.stdout + sick.stderr
+    lines = sick.stdout.splitlines()
+    auth = lines.index(next(line for line in lines if line.startswith("FAIL slack auth.test")))
+    assert "invalid_auth" in lines[auth] and "SLACK_BOT_TOKEN" in lines[auth + 1] and "fix:" in lines[auth + 1]
+    model = next(line for line in lines if line.startswith("FAIL model openai:gpt-4o"))
+    assert refusing.rsplit("/", 1)[0] in model
+    assert any(line.startswith("FAIL deploy webhook") for line in lines)
+    assert "ok   slack apps.connections.open" in sick.stdout  # the app token is still fine
+    for secret in ("xoxb-not-the-right-one", "test-key-for-doctor", "pw@", "token=abc"):
+        assert secret not in sick.stdout + sick.stderr
+    assert lines[-1].endswith("failed") and not lines[-1].startswith("0 ok")
