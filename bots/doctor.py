@@ -73,21 +73,32 @@ async def doctor_command(
             checks.append(Check("config", False, str(problem), "edit the file at that line"))
     else:
         checks.append(Check("config", True, f"{config.source} is valid"))
-    checks.append(await check_storage(config))
+    checks.extend(await _guarded("storage", check_storage(config)))
     async with httpx.AsyncClient(timeout=TIMEOUT, transport=transport) as http:
         if "slack" in config.adapters and config.adapter_enabled("slack"):
-            checks.extend(await check_slack(config, env, http))
+            checks.extend(await _guarded("slack", check_slack(config, env, http)))
         if "discord" in config.adapters and config.adapter_enabled("discord"):
-            checks.extend(await check_discord(config, env, http))
-        checks.append(await check_model(config, env))
+            checks.extend(await _guarded("discord", check_discord(config, env, http)))
+        checks.extend(await _guarded(f"model {config.bot.model}", check_model(config, env)))
         webhook = env.get("DEPLOY_WEBHOOK_URL") or config.deploy.webhook_url
         if webhook:
-            checks.append(await check_webhook(webhook, http))
+            checks.extend(await _guarded("deploy webhook", check_webhook(webhook, http)))
     for check in checks:
         print(check.line(), file=out)
     failed = [c for c in checks if not c.ok]
     print(f"{len(checks) - len(failed)} ok, {len(failed)} failed", file=out)
     return EXIT_ERROR if failed else EXIT_OK
+
+
+async def _guarded(name: str, check: Awaitable[Check | list[Check]]) -> list[Check]:
+    """A check that broke unexpectedly is a failed check, not a traceback."""
+    try:
+        found = await check
+    except Exception as exc:
+        return [
+            Check(name, False, f"the check itself failed: {type(exc).__name__}", "run with --log-level DEBUG")
+        ]
+    return found if isinstance(found, list) else [found]
 
 
 async def check_storage(config: BotConfig) -> Check:
@@ -257,7 +268,7 @@ async def check_webhook(url: str, http: httpx.AsyncClient) -> Check:
         return Check(
             "deploy webhook",
             False,
-            f"{where}: {got.split(': ', 1)[1]}",
+            f"{where}: {got}",
             "check deploy.webhook_url / DEPLOY_WEBHOOK_URL",
         )
     return Check(
