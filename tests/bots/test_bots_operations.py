@@ -326,7 +326,9 @@ async def test_doctor_names_a_bad_bot_token_and_a_model_endpoint_that_refuses(tm
     assert sick.returncode == 1, sick.stdout + sick.stderr
     lines = sick.stdout.splitlines()
     auth = lines.index(next(line for line in lines if line.startswith("FAIL slack auth.test")))
-    assert "invalid_auth" in lines[auth] and "SLACK_BOT_TOKEN" in lines[auth + 1] and "fix:" in lines[auth + 1]
+    assert (
+        "invalid_auth" in lines[auth] and "SLACK_BOT_TOKEN" in lines[auth + 1] and "fix:" in lines[auth + 1]
+    )
     model = next(line for line in lines if line.startswith("FAIL model openai:gpt-4o"))
     assert refusing.rsplit("/", 1)[0] in model
     assert any(line.startswith("FAIL deploy webhook") for line in lines)
@@ -334,3 +336,48 @@ async def test_doctor_names_a_bad_bot_token_and_a_model_endpoint_that_refuses(tm
     for secret in ("xoxb-not-the-right-one", "test-key-for-doctor", "pw@", "token=abc"):
         assert secret not in sick.stdout + sick.stderr
     assert lines[-1].endswith("failed") and not lines[-1].startswith("0 ok")
+
+
+async def test_with_no_bot_running_decide_and_cancel_act_on_the_storage_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    env = bot_env(tmp_path)
+    inbox = tmp_path / "inbox.jsonl"
+    config = write_config(
+        tmp_path,
+        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
+        extra=f'inbox = "{inbox}"\n\n[logging]\nformat = "json"\n',
+    )
+
+    async def run_until(predicate: Callable[[dict[str, object]], bool]) -> dict[str, object]:
+        bot = await BotProcess.start(config, "--log-level", "INFO", env=env)
+        try:
+            found = await bot.wait_for_fake(predicate)
+            assert await bot.terminate() == 0
+            # [logging] format = "json" in the file: stderr is JSON lines without the command-line flag.
+            assert all(json.loads(line)["level"] for line in (await bot.stderr()).splitlines())
+        finally:
+            await bot.kill()
+        return found
+
+    first = await run_until(lambda r: r["op"] == "approval")
+    approved = await cli(
+        config, "approvals", "decide", str(first["gate"]), "approve", "--as", "oncall", env=env
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert (
+        f"gate {first['gate']} approved by oncall (operator override); the bot carries it out"
+        in approved.stdout
+    )
+    assert deploys(tmp_path) == []  # nothing ran in the command's process
+    inbox.write_text(json.dumps({"id": "2", "text": "deploy payments 2.8.0"}) + "\n")
+    second = await run_until(lambda r: r["op"] == "approval" and r["gate"] != first["gate"])
+    assert [(d["service"], d["approved_by"]) for d in deploys(tmp_path)] == [
+        ("checkout", "oncall (operator override)")
+    ]
+    cancelled = await cli(config, "cancel", str(second["gate"]), env=env)
+    assert cancelled.returncode == 0 and "marked for cancellation" in cancelled.stdout, cancelled.stderr
+    await run_until(lambda r: r["op"] == "edit" and r["final"] and "aborted" in str(r["text"]))
+    assert len(deploys(tmp_path)) == 1  # the cancelled deploy never ran
+    tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+    assert second["gate"] not in [t["id"] for t in tasks]
