@@ -343,8 +343,10 @@ async def retry_command(
     in the running bot (then this waits for the task's outcome by reading the storage)."""
     runtime = await _owner(config, env)
     if runtime is None:
-        _request_result(out, await _through_bot(config, "retry", {"task": task_id}))
-        return await _await_task_in_bot(config, out, task_id, timeout)
+        found = await _through_bot(config, "retry", {"task": task_id})
+        _request_result(out, found)
+        label = str((found.outcome or {}).get("label") or "task")
+        return await _await_task_in_bot(config, out, task_id, label, timeout)
     harness = runtime.harness
     try:
         task = await harness.get_task(task_id)
@@ -397,7 +399,7 @@ async def _say_ended(
     return EXIT_OK if status == "completed" else EXIT_ERROR
 
 
-async def _await_task_in_bot(config: BotConfig, out: TextIO, task_id: int, timeout: float) -> int:
+async def _await_task_in_bot(config: BotConfig, out: TextIO, task_id: int, label: str, timeout: float) -> int:
     """Follow a task the running bot carries out, through read-only snapshots, until it ends or `timeout`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -406,7 +408,7 @@ async def _await_task_in_bot(config: BotConfig, out: TextIO, task_id: int, timeo
         try:
             task = await storage.task(task_id)
             if task is not None and not task.live:
-                return await _say_ended(out, storage.entry, task, task.kind)
+                return await _say_ended(out, storage.entry, task, label)
         finally:
             await storage.close()
         if loop.time() >= deadline:

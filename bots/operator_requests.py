@@ -62,7 +62,11 @@ async def retry(harness: Harness, task_id: int) -> Outcome:
         return "failed", {"message": f"there is no task {task_id}"}
     except InvalidOperation:
         return "failed", {"message": f"task {task_id} already ended; nothing to retry"}
-    return "done", {"message": f"task {task_id} ({label}) is scheduled again", "task": task_id}
+    return "done", {
+        "message": f"task {task_id} ({label}) is scheduled again",
+        "task": task_id,
+        "label": label,
+    }
 
 
 async def cancel(harness: Harness, task_id: int) -> Outcome:
@@ -149,6 +153,9 @@ class OperatorDesk:
                 "failed",
                 {"message": f"not done within {CARRY_OUT_TIMEOUT:g} s; check `inspect`"},
             )
+        except Exception as exc:  # answered, not left pending: a request that breaks would come back forever
+            log.warning("operator request %d failed: %r", request.id, exc)
+            status, outcome = "failed", {"message": f"{request.kind} failed: {type(exc).__name__}: {exc}"}
         if not await self.storage.finish_operator_request(request.id, status, outcome):
             log.warning("operator request %d was withdrawn while it was carried out", request.id)
 

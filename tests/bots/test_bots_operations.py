@@ -147,7 +147,7 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) ->
         retried = await cli(config, "retry", str(task_id), env=env)
         assert retried.returncode == 0, retried.stdout + retried.stderr
         assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
-        assert f"task {task_id} (core.tool) completed" in retried.stdout
+        assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
         assert "result: worked this time" in retried.stdout
         assert await request_latency_ms(tmp_path, 1) < 1500  # picked up within about a second
         # The bot itself delivers the model's answer to the tool result.
