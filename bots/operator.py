@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from bots.admin import is_loopback
 from bots.config import BotConfig, Problem
 from bots.operator_requests import ask_running_bot, decide, tool_call_of
 from bots.ops import place_label
@@ -572,6 +573,16 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     _say(out, f"  logs: {config.logs_path}{logs_note}")
     _say(out, f"  tickets: {config.tickets_path}")
     _say(out, f"  adapters: {', '.join(adapters) or 'none configured (pass --adapter to run)'}")
+    address = config.admin.address
+    if address is None:
+        _say(out, "  admin endpoint: off ([admin] listen)")
+    else:
+        _say(out, f"  admin endpoint: http://{config.admin.listen}/ (healthz, readyz, metrics)")
+        if not is_loopback(address[0]) and not env.get("ADMIN_TOKEN"):
+            warnings.append(
+                f"admin.listen {address[0]} is not loopback: the bot refuses to start without ADMIN_TOKEN"
+            )
+    _say(out, f"  diagnostics: stderr, {config.logging.format} format")
     for warning in warnings:
         _say(out, f"  warning: {warning}")
     return EXIT_OK
