@@ -19,6 +19,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -124,11 +125,19 @@ class AdminServer:
     def in_loop(self, coroutine: Awaitable[T], default: T) -> T:
         """Run `coroutine` in the bot's loop and wait at most PROBE_TIMEOUT; `default` if it did not answer."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(_wrap(coroutine), self._loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(_wrap(coroutine), self._loop)
+        except RuntimeError:  # the loop is closed
+            return default
         try:
             return future.result(PROBE_TIMEOUT)
-        except (FutureTimeout, RuntimeError):
+        except FutureTimeout:
             future.cancel()
+            return default
+        except (
+            Exception
+        ) as exc:  # the probe itself failed (e.g. the storage): answer, do not drop the request
+            log.warning("admin: probe failed: %r", exc)
             return default
 
     def loop_answers(self) -> float | None:
@@ -154,8 +163,6 @@ async def _wrap(awaitable: Awaitable[T]) -> T:
 
 
 def _server_class(host: str) -> type[ThreadingHTTPServer]:
-    import socket
-
     if ":" in host:
 
         class _V6(ThreadingHTTPServer):

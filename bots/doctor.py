@@ -170,6 +170,15 @@ async def check_slack(config: BotConfig, env: Mapping[str, str], http: httpx.Asy
             )
     if str(config.adapter_options("slack").get("mode", "socket")) == "socket":
         checks.append(await _slack_socket(base, env.get("SLACK_APP_TOKEN"), http))
+    elif not env.get("SLACK_SIGNING_SECRET"):
+        checks.append(
+            Check(
+                "slack signing secret",
+                False,
+                "SLACK_SIGNING_SECRET is not set (HTTP mode verifies every request with it)",
+                "Basic Information → Signing Secret: export SLACK_SIGNING_SECRET=…",
+            )
+        )
     return checks
 
 
