@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import inspect
 import ipaddress
 import json
 import logging
@@ -128,6 +129,8 @@ class AdminServer:
         try:
             future = asyncio.run_coroutine_threadsafe(_wrap(coroutine), self._loop)
         except RuntimeError:  # the loop is closed
+            if inspect.iscoroutine(coroutine):
+                coroutine.close()
             return default
         try:
             return future.result(PROBE_TIMEOUT)
