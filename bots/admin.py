@@ -227,10 +227,13 @@ def _handler_for(admin: AdminServer) -> type[BaseHTTPRequestHandler]:
 
 
 def readiness_of(
-    harness: Harness, adapters: Sequence[Adapter], phase: Sequence[str]
+    harness: Harness, adapters: Sequence[Adapter], phase: Sequence[str], storage: object = None
 ) -> Callable[[], Awaitable[dict[str, str]]]:
     """`/readyz` of a running bot: what is not ready, by component (empty: ready). `phase[0]` is the run's
-    phase ("starting", "" once ready, "stopping"); `adapters` the ones started so far."""
+    phase ("starting", "" once ready, "stopping"); `adapters` the ones started so far.
+
+    A storage backend with more to say (PostgreSQL: the lease) offers `not_ready() -> str | None`: a reason
+    while it cannot serve (e.g. "lease not held"), None when it can. SQLite has nothing to add."""
 
     async def check() -> dict[str, str]:
         problems: dict[str, str] = {}
@@ -238,6 +241,11 @@ def readiness_of(
             problems["bot"] = phase[0]
         if harness.closed.done():
             problems["storage"] = "closed (the storage failed or the bot is stopping)"
+        else:
+            check = getattr(storage, "not_ready", None)
+            reason = check() if callable(check) else None
+            if reason:
+                problems["storage"] = str(reason)
         for adapter in adapters:
             health = health_of(adapter)
             if health is not None and not health.connected:

@@ -449,7 +449,9 @@ async def run_bot(
     address = config.admin.address
     if address is not None:
         try:
-            admin = AdminServer(address, metrics, readiness_of(runtime.harness, started, phase), env)
+            admin = AdminServer(
+                address, metrics, readiness_of(runtime.harness, started, phase, runtime.storage), env
+            )
             await admin.start()
         except AdminError as exc:
             await runtime.close()

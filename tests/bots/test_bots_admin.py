@@ -10,8 +10,10 @@ import urllib.request
 
 import pytest
 
-from bots.admin import AdminError, AdminServer
+from bots.admin import AdminError, AdminServer, readiness_of
 from bots.metrics import BotMetrics
+from harness_core import Harness
+from harness_core.storage import MemoryStorage
 
 
 def fetch(url: str, token: str | None = None) -> tuple[int, str]:
@@ -62,3 +64,21 @@ async def test_a_token_is_required_off_loopback_and_checked_when_set() -> None:
         assert status == 200 and "durable_bots_parked_tasks" in text
     finally:
         await admin.stop()
+
+
+async def test_readiness_names_the_phase_a_storage_that_cannot_serve_and_a_closed_harness() -> None:
+    class LeasedStorage:
+        reason: str | None = "lease not held (a standby)"
+
+        def not_ready(self) -> str | None:
+            return self.reason
+
+    storage = LeasedStorage()
+    harness = await Harness.open(MemoryStorage())
+    phase = ["starting"]
+    check = readiness_of(harness, [], phase, storage)
+    assert await check() == {"bot": "starting", "storage": "lease not held (a standby)"}
+    phase[0], storage.reason = "", None
+    assert await check() == {}
+    await harness.close()
+    assert "storage" in await check()

@@ -13,6 +13,7 @@ import pytest
 from bots_cli_support import BotProcess, bot_env, cli, free_port, shipped_config_in, write_config
 from slack_ops_support import LAST_LINE, SlackBot, body, sample, slack_bot
 
+from adapters.discord.testing import FakeDiscord
 from adapters.slack.testing import FakeSlack
 from harness_core.storage import SqliteStorage
 
@@ -381,3 +382,22 @@ async def test_with_no_bot_running_decide_and_cancel_act_on_the_storage_for_the_
     assert len(deploys(tmp_path)) == 1  # the cancelled deploy never ran
     tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
     assert second["gate"] not in [t["id"] for t in tasks]
+
+
+async def test_doctor_checks_the_discord_token_and_the_message_content_intent(tmp_path: Path) -> None:
+    async with FakeDiscord(message_content_granted=False) as discord:
+        config = shipped_config_in(tmp_path, append="\n[adapters.discord]\n")
+        off = await cli(config, "doctor", env=bot_env(tmp_path, **discord.env()))
+        discord.message_content_granted = True
+        on = await cli(config, "doctor", env=bot_env(tmp_path, **discord.env()))
+        wrong = await cli(
+            config, "doctor", env=bot_env(tmp_path, **{**discord.env(), "DISCORD_BOT_TOKEN": "nope"})
+        )
+    assert off.returncode == 1 and "ok   discord gateway/bot: bot token works" in off.stdout
+    assert (
+        "FAIL discord intents: MESSAGE CONTENT intent is off" in off.stdout
+        and "Privileged Gateway" in off.stdout
+    )
+    assert on.returncode == 0, on.stdout
+    assert "ok   discord intents: MESSAGE CONTENT intent enabled" in on.stdout
+    assert wrong.returncode == 1 and "FAIL discord gateway/bot: Discord refused the bot token" in wrong.stdout
