@@ -9,8 +9,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bots.admin import AdminError, AdminServer, readiness_of
+from bots.config import ConfigError, Problem, parse_config
 from bots.metrics import BotMetrics
 from harness_core import Harness
 from harness_core.storage import MemoryStorage
@@ -82,3 +85,19 @@ async def test_readiness_names_the_phase_a_storage_that_cannot_serve_and_a_close
     assert await check() == {}
     await harness.close()
     assert "storage" in await check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(listen=st.text(max_size=24) | st.from_regex(r"\[?[0-9a-z.:]{1,12}\]?:[0-9]{1,6}", fullmatch=True))
+def test_admin_listen_is_an_address_or_a_problem_naming_the_key(listen: str) -> None:
+    text = f"[approvals]\ntools = []\n\n[admin]\nlisten = {json.dumps(listen)}\n"
+    problems: list[Problem] = []
+    try:
+        config = parse_config(text, "bot.toml")
+    except ConfigError as exc:
+        problems = exc.problems
+    if problems:
+        assert all(p.key.startswith("admin.listen") or "TOML" in p.message for p in problems), problems
+        return
+    address = config.admin.address
+    assert address is not None and 0 <= address[1] <= 65535 and address[0]
