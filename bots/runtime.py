@@ -270,6 +270,7 @@ async def open_runtime(
             else SqliteStorage.open(path, durability=config.storage.durability)
         )
     except StorageLocked as exc:
+        await models.aclose()  # operator commands then open a read-only snapshot: leave no client behind
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
     if metrics is not None:
         for provider in models.providers():
