@@ -66,7 +66,15 @@ async def test_admin_endpoint_probes_and_metrics_follow_the_bot_on_slack(tmp_pat
         # A message: taken in, answered (model request), delivered, written to Slack; one write gets a 429.
         s.slack.rate_limit("chat.update", times=1, retry_after=1)
         await s.slack.user_posts(s.channel, s.alice, "hello")
-        await s.slack.wait_for_message(s.channel, contains=LAST_LINE, timeout=30)
+        answer = await s.slack.wait_for_message(s.channel, contains=LAST_LINE, timeout=30)
+        # Read while running: inspect and export see what was said on Slack.
+        report = json.loads((await cli(s.config, "inspect", "--json", env=s.env)).stdout)
+        (conversation,) = [c for c in report["conversations"] if c["place"]]
+        exported = await cli(s.config, "export", str(conversation["id"]), env=s.env)
+        entries = [json.loads(line) for line in exported.stdout.splitlines()]
+        assert entries[0]["model"][0]["content"] == "Alice: hello"
+        said = [e for e in entries if e["kind"] == "core.assistant"][-1]["model"][0]["content"]
+        assert [part["text"] for part in said] == [answer.text]
         after = await s.until(
             lambda: _when(
                 s, lambda m: sample(m, "durable_bots_answers_delivered_total", platform="slack") == 1
