@@ -8,23 +8,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bots.backup import backup_storage
 from bots.config import BotConfig, ConfigError, load_config
+from bots.doctor import doctor_command
+from bots.logs import setup_logging
 from bots.operator import (
     approvals_command,
+    cancel_command,
     check_config_command,
+    decide_command,
     export_command,
     inspect_command,
     retry_command,
 )
-from bots.runtime import EXIT_ERROR, BotError, run_bot
+from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, run_bot
 
 DEFAULT_CONFIG = "config/ops.toml"
+EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr logging"
+    )
+    common.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="stderr logging as text or one JSON object per line (default: [logging] format, else text)",
     )
     parser = argparse.ArgumentParser(
         prog="durable-bots",
@@ -67,7 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
     retry.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it (default 120)")
 
-    approvals = sub.add_parser("approvals", parents=[common], help="pending and decided approval requests")
+    cancel = sub.add_parser("cancel", parents=[common], help="abort a live task (in the running bot too)")
+    cancel.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+
+    approvals = sub.add_parser(
+        "approvals",
+        parents=[common],
+        help="pending and decided approval requests; `approvals decide GATE approve|deny --as NAME`",
+    )
+    approvals.add_argument(
+        "decision",
+        nargs="*",
+        metavar="decide GATE approve|deny",
+        help="decide a pending request as an operator (an override of the approver list, recorded as such)",
+    )
+    approvals.add_argument("--as", dest="as_name", metavar="NAME", help="who decides (with `decide`)")
     approvals.add_argument("--pending", action="store_true", help="only pending requests")
     approvals.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -75,16 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
-    sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
-    return parser
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    backup = sub.add_parser(
+        "backup",
+        parents=[common],
+        help="a consistent copy of the storage (safe while the bot runs), mode 0600",
     )
+    backup.add_argument("file", type=Path, metavar="FILE", help="where to write the copy")
+
+    sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
+    sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="check config, storage, platform tokens and scopes, the model and the deploy webhook",
+    )
+    return parser
 
 
 async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
@@ -96,12 +124,34 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":
         return await retry_command(config, env, out, args.task, timeout=args.timeout)
+    if args.command == "doctor":
+        return await doctor_command(config, env, out)
+    if args.command == "cancel":
+        return await cancel_command(config, env, out, args.task)
+    if args.command == "approvals" and args.decision:
+        gate, approve = _decision(args)
+        return await decide_command(config, env, out, gate, approve=approve, name=args.as_name)
     if args.command == "approvals":
         return await approvals_command(config, env, out, as_json=args.json, pending_only=args.pending)
     if args.command == "export":
         code, _ = await export_command(config, env, out, args.conversation)
         return code
     raise BotError(f"unknown command {args.command}")
+
+
+def _decision(args: argparse.Namespace) -> tuple[int, bool]:
+    words = list(args.decision)
+    usage = "usage: durable-bots approvals decide GATE approve|deny --as NAME"
+    if (
+        len(words) != 3
+        or words[0] != "decide"
+        or not words[1].isdigit()
+        or words[2] not in ("approve", "deny")
+    ):
+        raise BotError(f"{usage} (got {' '.join(words)!r})", EXIT_USAGE)
+    if not args.as_name:
+        raise BotError(f"{usage}: --as NAME says who decides (recorded with the decision)", EXIT_USAGE)
+    return int(words[1]), words[2] == "approve"
 
 
 def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
@@ -121,15 +171,21 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format or "text")
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_ERROR
+    if args.log_format is None and config.logging.format != "text":
+        setup_logging(args.log_level, config.logging.format)
     if args.command == "check-config":
         return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
     try:
+        if args.command == "backup":
+            size = backup_storage(config.storage_path, args.file)
+            print(f"backed up {config.storage_path} to {args.file} ({size} bytes, mode 0600)")
+            return EXIT_OK
         if args.command == "export" and args.out is not None:
             return _export_to_file(args, config)
         return asyncio.run(_dispatch(args, config))

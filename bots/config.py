@@ -161,6 +161,33 @@ class TasksSection(_Section):
     tool_execution: Literal["parallel", "sequential"] = "parallel"
 
 
+class AdminSection(_Section):
+    """The admin HTTP endpoint (/healthz, /readyz, /metrics; see bots/admin.py). Off unless `listen` is set."""
+
+    listen: str | None = None  # "host:port", e.g. "127.0.0.1:9100"; a non-loopback host needs ADMIN_TOKEN
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"listen must look like 'host:port' (e.g. '127.0.0.1:9100'), got {value!r}")
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        if self.listen is None:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+class LoggingSection(_Section):
+    format: Literal["text", "json"] = "text"  # json: one object per line (`--log-format` overrides)
+
+
 class BotConfig(_Section):
     bot: BotSection = Field(default_factory=BotSection)
     storage: StorageSection = Field(default_factory=StorageSection)
@@ -174,6 +201,8 @@ class BotConfig(_Section):
     retry: RetrySection = Field(default_factory=RetrySection)
     compaction: CompactionSection = Field(default_factory=CompactionSection)
     tasks: TasksSection = Field(default_factory=TasksSection)
+    admin: AdminSection = Field(default_factory=AdminSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
     adapters: dict[str, dict[str, Any]] = Field(default_factory=dict)  # passed to each adapter's create()
 
     _source: Path = PrivateAttr(default=Path("<memory>"))

@@ -1,8 +1,10 @@
 """Operator commands over the bot's storage: inspect, tasks, retry, approvals, export, check-config.
 
 Each opens the storage like the bot does (same registry, same owner lock) without starting to schedule, so
-what it shows is what the bot would resume. While the bot runs, they refuse (exit 2) instead of competing for
-the file.
+what it shows is what the bot would resume. While the bot runs (the owner lock is taken), the reading
+commands (inspect, tasks, approvals, export) open a read-only snapshot instead: no lock, no write, tasks shown
+as the running bot stored them. Commands that change something go through the running bot
+(`bots.operator_requests`).
 """
 
 from __future__ import annotations
@@ -10,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from bots.admin import is_loopback
 from bots.config import BotConfig, Problem
+from bots.operator_requests import ask_running_bot, decide, tool_call_of
 from bots.ops import place_label
 from bots.runtime import (
     EXIT_ERROR,
+    EXIT_LOCKED,
     EXIT_OK,
     BotError,
     Runtime,
@@ -29,10 +34,12 @@ from bots.runtime import (
     known_tools,
     open_runtime,
 )
-from harness_core import Harness, Task
-from harness_core.messages import ToolCall
+from harness_core import NotFound, Task
+from harness_core.records import Entry
+from harness_core.storage import OperatorRequest, OperatorRequests, SqliteStorage
 
 LOCK_HINT = "operator commands need the storage to themselves: stop the bot, run the command, start it again"
+REQUEST_TIMEOUT = 10.0  # how long a command waits for the running bot to pick its request up
 
 
 def _when(ms: Any) -> str:
@@ -41,28 +48,25 @@ def _when(ms: Any) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-async def _operator_runtime(config: BotConfig, env: Mapping[str, str]) -> Runtime:
+async def _operator_runtime(config: BotConfig, env: Mapping[str, str], *, reading: bool = False) -> Runtime:
+    """The storage as owner; for a `reading` command, a read-only snapshot when the bot holds it."""
     try:
         return await open_runtime(config, env, must_exist=True)
     except BotError as exc:
-        if exc.exit_code == 2:
+        if exc.exit_code != EXIT_LOCKED:
+            raise
+        if not reading:
             raise BotError(f"{exc} ({LOCK_HINT})", exc.exit_code) from None
-        raise
+    return await open_runtime(config, env, must_exist=True, read_only=True)
+
+
+def _source_line(config: BotConfig, runtime: Runtime) -> str:
+    if runtime.storage.read_only:
+        return f"storage: {config.storage_path} (a snapshot read beside the running bot; nothing was written)"
+    return f"storage: {config.storage_path} (read by the operator; nothing was scheduled)"
 
 
 # --- gathering -------------------------------------------------------------------------------------------
-
-
-async def tool_call_of(harness: Harness, task: Task) -> ToolCall | None:
-    """The model's call behind a `core.tool` task (its name and arguments)."""
-    if task.kind != "core.tool" or not isinstance(task.input, dict):
-        return None
-    entry = await harness.entry(int(task.input.get("assistant", 0)))
-    for message in entry.model or () if entry is not None else ():
-        for part in getattr(message, "content", ()):
-            if isinstance(part, ToolCall) and part.id == task.input.get("call_id"):
-                return part
-    return None
 
 
 async def gather_tasks(runtime: Runtime) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
@@ -146,6 +150,7 @@ async def gather_approvals(runtime: Runtime) -> list[dict[str, Any]]:
                 "expires_at": gate.get("expires_at"),
                 "decided_by": gate.get("decided_by"),
                 "decided_at": gate.get("decided_at"),
+                "operator_override": bool(gate.get("operator_override")),
                 "conversation_id": gate.get("conversation_id"),
                 "place": place_label(gate.get("target")) if gate.get("target") else None,
             }
@@ -205,7 +210,8 @@ def _say(out: TextIO, text: str = "") -> None:
 async def inspect_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, only_tasks: bool = False
 ) -> int:
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
+    source = _source_line(config, runtime)
     try:
         scheduling, tasks, submissions = await gather_tasks(runtime)
         if only_tasks:
@@ -221,7 +227,8 @@ async def inspect_command(
         await runtime.close()
     report = {
         "storage": str(config.storage_path),
-        "scheduling": scheduling,
+        "snapshot_beside_running_bot": runtime.storage.read_only,
+        "scheduling": "running (by the bot)" if runtime.storage.read_only else scheduling,
         "conversations": conversations,
         "tasks": tasks,
         "parked": [t["id"] for t in tasks if t["state"] == "parked"],
@@ -232,7 +239,7 @@ async def inspect_command(
     if as_json:
         _say(out, json.dumps(report, indent=2))
         return EXIT_OK
-    _say(out, f"storage: {config.storage_path} (read by the operator; nothing was scheduled)")
+    _say(out, source)
     _say(out, f"conversations ({len(conversations)}):")
     for conv in conversations:
         what = conv["label"] or (
@@ -273,7 +280,7 @@ def _render_tasks(out: TextIO, tasks: list[dict[str, Any]]) -> None:
 async def approvals_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, pending_only: bool
 ) -> int:
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
     try:
         approvals = await gather_approvals(runtime)
     finally:
@@ -295,11 +302,52 @@ async def approvals_command(
     return EXIT_OK
 
 
+async def _owner(config: BotConfig, env: Mapping[str, str]) -> Runtime | None:
+    """The storage as its owner, or None when the running bot holds it."""
+    try:
+        return await open_runtime(config, env, must_exist=True)
+    except BotError as exc:
+        if exc.exit_code != EXIT_LOCKED:
+            raise
+        return None
+
+
+async def _through_bot(config: BotConfig, kind: str, args: dict[str, Any]) -> OperatorRequest:
+    """Hand a request to the running bot and return its outcome (BotError when it does not answer)."""
+    storage = await SqliteStorage.open_read_only(config.storage_path)
+    try:
+        if not isinstance(storage, OperatorRequests):
+            raise BotError("this storage cannot pass requests to a running bot; stop the bot first")
+        found = await ask_running_bot(storage, kind, args, timeout=REQUEST_TIMEOUT)
+    finally:
+        await storage.close()
+    if found is None:
+        raise BotError(
+            f"the running bot did not pick the request up within {REQUEST_TIMEOUT:g} s (is it stuck? see its "
+            "/healthz); it was withdrawn, nothing was done"
+        )
+    return found
+
+
+def _request_result(out: TextIO, found: OperatorRequest) -> int:
+    message = str((found.outcome or {}).get("message", found.status))
+    if found.status != "done":
+        raise BotError(message)
+    _say(out, f"{message} (by the running bot)")
+    return EXIT_OK
+
+
 async def retry_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, task_id: int, *, timeout: float
 ) -> int:
-    """Clear a parked task and run it here until it ends, its conversation is idle, or `timeout` passes."""
-    runtime = await _operator_runtime(config, env)
+    """Clear a parked task and run it until it ends, its conversation is idle, or `timeout` passes: here, or
+    in the running bot (then this waits for the task's outcome by reading the storage)."""
+    runtime = await _owner(config, env)
+    if runtime is None:
+        found = await _through_bot(config, "retry", {"task": task_id})
+        _request_result(out, found)
+        label = str((found.outcome or {}).get("label") or "task")
+        return await _await_task_in_bot(config, out, task_id, label, timeout)
     harness = runtime.harness
     try:
         task = await harness.get_task(task_id)
@@ -323,16 +371,9 @@ async def retry_command(
         current = await harness.get_task(task_id)
         assert current is not None
         if not current.live:
-            outcome = current.state.outcome
-            status = outcome.status if outcome else "ended"
-            _say(out, f"task {task_id} ({label}) {status}")
-            if outcome and outcome.error:
-                _say(out, f"  error: {outcome.error.message}")
-            result = await _tool_result_text(harness, current)
-            if result:
-                _say(out, f"  result: {result}")
+            code = await _say_ended(out, harness.entry, current, label)
             _say(out, "answers reach the chat when the bot runs again")
-            return EXIT_OK if status == "completed" else EXIT_ERROR
+            return code
         inspection = await harness.inspect()
         state = next((t.state for t in inspection.tasks if t.record.id == task_id), current.state.status)
         _say(
@@ -345,6 +386,74 @@ async def retry_command(
         await runtime.close()
 
 
+async def _say_ended(
+    out: TextIO, entry: Callable[[int], Awaitable[Entry | None]], task: Task, label: str
+) -> int:
+    outcome = task.state.outcome
+    status = outcome.status if outcome else "ended"
+    _say(out, f"task {task.id} ({label}) {status}")
+    if outcome and outcome.error:
+        _say(out, f"  error: {outcome.error.message}")
+    result = await _tool_result_text(entry, task)
+    if result:
+        _say(out, f"  result: {result}")
+    return EXIT_OK if status == "completed" else EXIT_ERROR
+
+
+async def _await_task_in_bot(config: BotConfig, out: TextIO, task_id: int, label: str, timeout: float) -> int:
+    """Follow a task the running bot carries out, through read-only snapshots, until it ends or `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        storage = await SqliteStorage.open_read_only(config.storage_path)
+        try:
+            task = await storage.task(task_id)
+            if task is not None and not task.live:
+                return await _say_ended(out, storage.entry, task, label)
+        finally:
+            await storage.close()
+        if loop.time() >= deadline:
+            _say(out, f"task {task_id} is still running after {timeout:g}s; see `durable-bots inspect`")
+            return EXIT_OK
+        await asyncio.sleep(0.25)
+
+
+async def cancel_command(config: BotConfig, env: Mapping[str, str], out: TextIO, task_id: int) -> int:
+    """Abort a live task: in the running bot, or marked here for the bot's next start."""
+    runtime = await _owner(config, env)
+    if runtime is None:
+        return _request_result(out, await _through_bot(config, "cancel", {"task": task_id}))
+    try:
+        try:
+            marked = await runtime.harness.abort_task(task_id)
+        except NotFound:
+            raise BotError(f"there is no task {task_id}") from None
+        if marked == "terminal":
+            raise BotError(f"task {task_id} already ended; nothing to cancel")
+        _say(out, f"task {task_id} is marked for cancellation; the bot cancels it when it runs again")
+        return EXIT_OK
+    finally:
+        await runtime.close()
+
+
+async def decide_command(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, gate_id: int, *, approve: bool, name: str
+) -> int:
+    """An operator's approval decision (an override of the approver list, recorded as such)."""
+    runtime = await _owner(config, env)
+    if runtime is None:
+        args = {"gate": gate_id, "approve": approve, "name": name}
+        return _request_result(out, await _through_bot(config, "decide", args))
+    try:
+        status, outcome = await decide(runtime.bridge, gate_id, approve, name)
+    finally:
+        await runtime.close()
+    if status != "done":
+        raise BotError(str(outcome["message"]))
+    _say(out, f"{outcome['message']}; the bot carries it out when it runs again")
+    return EXIT_OK
+
+
 async def _wait(awaitable: Any, seconds: float) -> bool:
     try:
         await asyncio.wait_for(awaitable, max(0.0, seconds))
@@ -353,14 +462,14 @@ async def _wait(awaitable: Any, seconds: float) -> bool:
         return False
 
 
-async def _tool_result_text(harness: Harness, task: Task) -> str | None:
+async def _tool_result_text(entry_of: Callable[[int], Awaitable[Entry | None]], task: Task) -> str | None:
     if task.kind != "core.tool":
         return None
     result = task.state.outcome.result if task.state.outcome else None
     entry_id = result.get("entry_id") if isinstance(result, dict) else None
     if not isinstance(entry_id, int):
         return None
-    entry = await harness.entry(entry_id)
+    entry = await entry_of(entry_id)
     for message in entry.model or () if entry is not None else ():
         text = getattr(message, "text", None)
         if callable(text):
@@ -373,7 +482,7 @@ async def export_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, conversation_id: int
 ) -> tuple[int, int]:
     """Write the transcript (fork-aware, oldest first) as JSONL. Returns (exit code, entries written)."""
-    runtime = await _operator_runtime(config, env)
+    runtime = await _operator_runtime(config, env, reading=True)
     written = 0
     try:
         handle = await runtime.harness.conversation(conversation_id)
@@ -464,6 +573,16 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     _say(out, f"  logs: {config.logs_path}{logs_note}")
     _say(out, f"  tickets: {config.tickets_path}")
     _say(out, f"  adapters: {', '.join(adapters) or 'none configured (pass --adapter to run)'}")
+    address = config.admin.address
+    if address is None:
+        _say(out, "  admin endpoint: off ([admin] listen)")
+    else:
+        _say(out, f"  admin endpoint: http://{config.admin.listen}/ (healthz, readyz, metrics)")
+        if not is_loopback(address[0]) and not env.get("ADMIN_TOKEN"):
+            warnings.append(
+                f"admin.listen {address[0]} is not loopback: the bot refuses to start without ADMIN_TOKEN"
+            )
+    _say(out, f"  diagnostics: stderr, {config.logging.format} format")
     for warning in warnings:
         _say(out, f"  warning: {warning}")
     return EXIT_OK

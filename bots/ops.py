@@ -26,6 +26,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
@@ -66,6 +67,8 @@ HISTORY_INSTRUCTIONS = (
     "nothing matches. You cannot change anything."
 )
 MAX_HISTORY_HITS = 20
+
+log = logging.getLogger("bots.ops")
 
 
 @dataclass
@@ -237,6 +240,8 @@ def deploy_tool(ctx: OpsContext) -> ToolSpec:
             "approved_by": gate.get("decided_by"),
         }
         url = ctx.env.get("DEPLOY_WEBHOOK_URL") or ctx.config.deploy.webhook_url
+        # An audit line (with the task and conversation ids in play, see bots/logs.py).
+        log.info("deploy of %s %s, approved by %s", service, version, gate.get("decided_by"))
         if not url:
             record = {**payload, "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
             path = ctx.config.deploy_record_path

@@ -27,9 +27,13 @@ import httpx
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
+from bots.admin import AdminError, AdminServer, readiness_of
 from bots.config import OPS_TOOLS, BotConfig, Problem
 from bots.demo import demo_delay, demo_provider
+from bots.metrics import BotMetrics
+from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
+from bots.reload import Reloads
 from harness_core import (
     AgentChange,
     AgentDoc,
@@ -250,8 +254,13 @@ async def open_runtime(
     transport: httpx.AsyncBaseTransport | None = None,
     on_report: Callable[[BaseException], None] | None = None,
     must_exist: bool = False,
+    read_only: bool = False,
+    metrics: BotMetrics | None = None,
 ) -> Runtime:
-    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing."""
+    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing.
+
+    `read_only`: open a snapshot of the storage without the owner lock, beside a running bot (operator
+    reads); the harness then refuses every commit. `metrics`: measure model requests and commits."""
     problems = check_tools(config)
     if problems:
         raise BotError("\n".join(str(p) for p in problems))
@@ -262,16 +271,25 @@ async def open_runtime(
         raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
     models = build_models(config.bot.model_ref, env)
     try:
-        storage = await SqliteStorage.open(path, durability=config.storage.durability)
+        storage = await (
+            SqliteStorage.open_read_only(path)
+            if read_only
+            else SqliteStorage.open(path, durability=config.storage.durability)
+        )
     except StorageLocked as exc:
+        await models.aclose()  # operator commands then open a read-only snapshot: leave no client behind
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+    if metrics is not None:
+        for provider in models.providers():
+            models.set_provider(metrics.provider(provider))
     registry = Registry()
     harness = await Harness.open(
-        storage,
+        storage if metrics is None else metrics.storage(storage),
         models=models,
         registry=registry,
         settings=config.harness_settings(),
         on_report=on_report or _report,
+        read_only=read_only,
     )
     agent = agent_change(config, tools)
     bridge = Bridge(harness, config=bridge_config(config), agent=agent, approvals=approval_policies(config))
@@ -427,11 +445,28 @@ async def run_bot(
         except Exception as exc:
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
-    runtime = await open_runtime(config, env)
+    metrics = BotMetrics()
+    runtime = await open_runtime(config, env, metrics=metrics)
     console.say(
         f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
         f"storage {config.storage_path})"
     )
+    started: list[Adapter] = []
+    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
+    admin: AdminServer | None = None
+    address = config.admin.address
+    if address is not None:
+        try:
+            admin = AdminServer(
+                address, metrics, readiness_of(runtime.harness, started, phase, runtime.storage), env
+            )
+            await admin.start()
+        except AdminError as exc:
+            await runtime.close()
+            raise BotError(str(exc)) from None
+        console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
+    unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
+    desk = OperatorDesk(runtime.storage, runtime.harness, runtime.bridge)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -449,7 +484,10 @@ async def run_bot(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
-    started: list[Adapter] = []
+    reloads = Reloads(runtime, console.say)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, reloads.request)
+        installed.append(int(signal.SIGHUP))
     code = EXIT_OK
     try:
         await runtime.bridge.start()
@@ -467,12 +505,14 @@ async def run_bot(
             if url is not None:
                 console.say(f"{adapter.name}: {url}")
         runtime.harness.resume()
+        desk.start()
         freeze_startup_heap()
         inspection = await runtime.harness.inspect()
         parked = inspection.parked()
         if parked:
             ids = ", ".join(str(t.record.id) for t in parked)
             console.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
+        phase[0] = ""
         console.say(
             f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM"
         )
@@ -489,6 +529,9 @@ async def run_bot(
             why = received[0] if received else "stop requested"
             console.say(f"durable-bots: stopping ({why}): intake first, then running work settles")
     finally:
+        phase[0] = "stopping"
+        await desk.stop()
+        await reloads.stop()
         for adapter in reversed(started):
             try:
                 await asyncio.wait_for(adapter.stop(), SHUTDOWN_STEP_TIMEOUT)
@@ -502,6 +545,9 @@ async def run_bot(
         except Exception as exc:
             log.warning("closing the harness: %r", exc)
             code = EXIT_ERROR
+        unbind_metrics()
+        if admin is not None:
+            await admin.stop()
         for signum in installed:
             loop.remove_signal_handler(signum)
     if code == EXIT_OK:

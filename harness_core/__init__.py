@@ -42,6 +42,7 @@ from harness_core.errors import (
 from harness_core.events import watch_events
 from harness_core.extensions import Extension, Hook, PromptInput, Registry, Section, hook, section
 from harness_core.harness import Harness, Inspection, TaskInspection
+from harness_core.logcontext import log_context, log_ids
 from harness_core.models import ModelInfo, ModelPrice, ModelRef, ModelRequest, Models
 from harness_core.records import (
     CORE_ASSISTANT,
@@ -190,6 +191,8 @@ __all__ = [
     "define_task",
     "derive_context",
     "hook",
+    "log_context",
+    "log_ids",
     "replay_system",
     "section",
     "tool",

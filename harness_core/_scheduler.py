@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from harness_core.logcontext import log_context
 from harness_core.records import Outcome, Task, TaskErrorInfo, TaskState
 from harness_core.tasks import Aborted, TaskRuntime
 
@@ -225,9 +226,11 @@ class Scheduler:
         runtime = TaskRuntime(self.harness, task, mode)
         invocation = Invocation(task_id=task.id, mode=mode, runtime=runtime)
         self.invocations[task.id] = invocation
-        invocation.handle = asyncio.get_running_loop().create_task(
-            self._invoke(invocation), name=f"task-{task.id}-{task.kind}"
-        )
+        # The invocation's asyncio task inherits these ids: what it logs names its task and conversation.
+        with log_context(task=task.id, conversation=task.conversation_id):
+            invocation.handle = asyncio.get_running_loop().create_task(
+                self._invoke(invocation), name=f"task-{task.id}-{task.kind}"
+            )
 
     def signal_abort(self, invocation: Invocation) -> None:
         if (

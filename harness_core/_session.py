@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from harness_core.documents import DocAddress
-from harness_core.errors import HarnessClosed, StorageError
+from harness_core.errors import HarnessClosed, InvalidOperation, StorageError
 from harness_core.records import Conversation, DocumentRecord, Entry, Submission, Task
 from harness_core.storage._protocol import CommitBatch, Storage
 
@@ -101,6 +101,7 @@ class Session:
         self._queue: deque[_Pending] = deque()
         self._wakeup = asyncio.Event()
         self._sealed = False
+        self.read_only = False  # set by Harness.open(read_only=True): commits and scheduling refused
         self._failure: BaseException | None = None
         self.closed: asyncio.Future[CloseInfo] = asyncio.get_running_loop().create_future()
         self._listeners: list[Listener] = []
@@ -139,6 +140,8 @@ class Session:
         Cancelling the caller does not cancel an admitted commit: it still lands (or fails) as a whole.
         """
         self.check_open()
+        if self.read_only:
+            raise InvalidOperation("this harness was opened read-only; commits need the storage's owner")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_consume_exception)
         self._queue.append(_Pending(fn, future, scope))

@@ -141,13 +141,19 @@ class Harness:
         on_report: Callable[[BaseException], None] | None = None,
         env: Callable[[int, ResolvedAgent], Any] | None = None,
         now: Callable[[], int] | None = None,
+        read_only: bool = False,
     ) -> Harness:
         """Open a harness over `storage`. Reconciles what a previous process left; does not start scheduling
-        (call `resume()`, or any call that waits for progress)."""
+        (call `resume()`, or any call that waits for progress).
+
+        `read_only=True` (for looking at a storage another process owns, e.g. `SqliteStorage.open_read_only`):
+        reconciles nothing and shows tasks as stored (`running` is the owner running them); every commit,
+        `resume()` and any wait that needs scheduling raise `InvalidOperation`; reads work as usual."""
         from harness_core._builtin import install_builtins
 
         meta = await storage.meta()
         session = Session(storage, next_id=meta.next_id, last_seq=meta.last_seq, now=now)
+        session.read_only = read_only
         registry = registry if registry is not None else Registry()
         install_builtins(registry)
         harness = cls(
@@ -178,6 +184,8 @@ class Harness:
             if cursor is None:
                 break
         self.session.published.load_tasks(live)
+        if self.session.read_only:
+            return
         limit = self.settings.restart_limit
 
         def fix(tx: Tx) -> list[Task]:
@@ -213,6 +221,8 @@ class Harness:
     def resume(self) -> None:
         """Start scheduling (idempotent), and the event-loop lag watchdog with it."""
         self.session.check_open()
+        if self.session.read_only:
+            raise InvalidOperation("this harness was opened read-only; only the storage's owner schedules")
         self.scheduler.resume()
         self.watchdog.start()
 
@@ -229,7 +239,7 @@ class Harness:
     async def _close(self) -> CloseInfo:
         await self.scheduler.stop()
         await self.watchdog.stop()
-        if not self.session.failed and not self.session.sealed:
+        if not self.session.failed and not self.session.sealed and not self.session.read_only:
             # A graceful close is not a crash: running tasks go back to pending without counting a restart.
             def settle(tx: Tx) -> None:
                 for task in tx.live_tasks().values():

@@ -172,8 +172,13 @@ class Approvals:
         user_name: str,
         approve: bool,
         user_groups: Collection[str] | None = None,
+        operator: bool = False,
     ) -> Decision:
-        """Record a click. Checks the approver policy stored with the request; first decision wins."""
+        """Record a click. Checks the approver policy stored with the request; first decision wins.
+
+        `operator=True`: an operator's override from the command line (`durable-bots approvals decide`): the
+        approver policy is not checked, the decision is recorded with `operator_override: true`, and this
+        call schedules nothing (a running bot's harness is already scheduling; a CLI process must not)."""
         harness = self.bridge.harness
         gate = await harness.snapshot(ApprovalDoc, key=str(gate_id))
         if gate is None:
@@ -183,10 +188,10 @@ class Approvals:
         allowed = user_id in gate.get("approvers", []) or bool(
             set(gate.get("groups", [])) & set(user_groups or ())
         )
-        if not allowed:
+        if not allowed and not operator:
             return Decision(False, "pending", reason="not_an_approver")
         requester = (gate.get("requester") or {}).get("user_id")
-        if requester == user_id and not gate.get("allow_self_approval"):
+        if requester == user_id and not gate.get("allow_self_approval") and not operator:
             return Decision(False, "pending", reason="self_approval")
 
         async def commit(tx: Tx) -> Decision:
@@ -206,11 +211,14 @@ class Approvals:
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id
             doc.value["decided_at"] = tx.now
+            if operator:
+                doc.value["operator_override"] = True
             await harness.wake_task(tx, gate_id)
             return Decision(True, str(doc.value["status"]), user_name)
 
         decision = await harness.commit(commit)
-        harness.resume()
+        if not operator:
+            harness.resume()
         return decision
 
     # --- rendering approval messages -----------------------------------------------------------------------

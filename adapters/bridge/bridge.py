@@ -18,8 +18,9 @@ from adapters.bridge.governor import RateGovernor
 from adapters.bridge.intake import IntakeResult, intake, last_seen
 from adapters.bridge.model import BridgeConfig, IncomingMessage, Place
 from adapters.bridge.schedule import ScheduledTask, schedule_tool
+from adapters.bridge.stats import BridgeStats
 from adapters.bridge.transport import Transport
-from harness_core import AgentChange, Extension, Harness, Publication
+from harness_core import AgentChange, Extension, Harness, Publication, log_context
 
 log = logging.getLogger("adapters.bridge")
 
@@ -43,6 +44,7 @@ class Bridge:
         self._governors: dict[str, RateGovernor] = {}
         self._dispose: Any = None
         self.started = False
+        self.stats = BridgeStats()
 
     def extension(self) -> Extension:
         """Install this in the harness registry: approval gates, the `schedule` tool and its timer task."""
@@ -58,6 +60,10 @@ class Bridge:
                 self.delivery.kick(key)
             for key, value in list(self.approvals.gates.items()):
                 self.approvals.track(key, value)
+
+    def governors(self) -> dict[str, RateGovernor]:
+        """The rate governor of every platform written to so far (metrics read their counters)."""
+        return dict(self._governors)
 
     def governor(self, platform: str) -> RateGovernor:
         governor = self._governors.get(platform)
@@ -83,7 +89,13 @@ class Bridge:
 
     async def intake(self, message: IncomingMessage) -> IntakeResult:
         """Commit a human message (exactly once per message identity). Acknowledge the platform after this."""
-        return await intake(self, message)
+        with log_context(place=message.place.key, platform_message=message.message_id):
+            result = await intake(self, message)
+            counter = self.stats.duplicates if result.outcome == "duplicate" else self.stats.taken_in
+            counter[message.place.platform] += 1
+            with log_context(conversation=result.conversation_id, submission=result.submission_id):
+                log.info("message %s taken in: %s", message.message_id, result.outcome)
+        return result
 
     async def decide(
         self,
@@ -93,10 +105,19 @@ class Bridge:
         user_name: str,
         approve: bool,
         user_groups: Collection[str] | None = None,
+        operator: bool = False,
     ) -> Decision:
-        return await self.approvals.decide(
-            gate_id, user_id=user_id, user_name=user_name, approve=approve, user_groups=user_groups
+        decision = await self.approvals.decide(
+            gate_id,
+            user_id=user_id,
+            user_name=user_name,
+            approve=approve,
+            user_groups=user_groups,
+            operator=operator,
         )
+        if decision.accepted:
+            self.stats.approvals_decided[decision.status] += 1
+        return decision
 
     async def recorded_message_ids(self) -> set[str]:
         """Platform message ids already recorded for answers still being delivered (reconciliation: a message

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.model import EditExpired, MessageGone, Place, RetryLater, TransportError
 from adapters.bridge.text import render_partial, render_unanswered, split_text
-from harness_core import LiveDoc, Tx
+from harness_core import LiveDoc, Tx, log_context
 from harness_core.messages import AssistantMessage
 
 if TYPE_CHECKING:
@@ -121,6 +121,8 @@ class ReplyWorker:
         ids = await self.show(transport, target, reply, parts, final=final)
         if final:
             await self.finish(reply, target, answer_entry, ids)
+            self.bridge.stats.answers_delivered[target.platform] += 1
+            log.info("answer delivered in %s", target.key)
             return True
         return False
 
@@ -251,7 +253,8 @@ class Delivery:
             existing[0].changed.set()
             return
         worker = ReplyWorker(self.bridge, key)
-        task = asyncio.get_running_loop().create_task(self._run(worker), name=f"bridge-reply-{key}")
+        with log_context(submission=key):  # what the worker logs names the answer it delivers
+            task = asyncio.get_running_loop().create_task(self._run(worker), name=f"bridge-reply-{key}")
         self.workers[key] = (worker, task)
 
     def kick_conversation(self, conversation_id: int) -> None:

@@ -22,6 +22,9 @@ class RateGovernor:
         self._next_at: dict[str, float] = {}
         self._blocked_until = 0.0  # platform-wide back-off (a 429 without a narrower scope)
         self._locks: dict[str, asyncio.Lock] = {}
+        # For metrics: writes made through slot() and those answered with Retry-After (429), since start.
+        self.writes = 0
+        self.rate_limited = 0
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -54,9 +57,11 @@ class RateGovernor:
         spacing = self.per_key_interval if interval is None else interval
         async with self._lock(key):
             await self._wait_turn(key)
+            self.writes += 1
             try:
                 yield
             except RetryLater as exc:
+                self.rate_limited += 1  # here, not in back_off(): Slack's call() backs off too, before this
                 self.back_off(exc.seconds, key)
                 raise
             finally:

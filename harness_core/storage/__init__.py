@@ -3,10 +3,14 @@
 - `MemoryStorage`: reference semantics, nothing survives the process.
 - `SqliteStorage`: aiosqlite, WAL, `synchronous=NORMAL` (or FULL with `durability="full"`); the default.
 - `JsonlStorage`: append-only files with one commit marker per commit.
+
+Optional capability: `OperatorRequests` (a durable channel from operator commands to the running owner);
+`SqliteStorage` implements it.
 """
 
 from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
+from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
 from harness_core.storage._sqlite import SqliteStorage
 
@@ -16,6 +20,9 @@ __all__ = [
     "DocCreate",
     "JsonlStorage",
     "MemoryStorage",
+    "OperatorRequest",
+    "OperatorRequestStatus",
+    "OperatorRequests",
     "Order",
     "SqliteStorage",
     "Storage",

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +37,9 @@ from harness_core.records import (
 )
 from harness_core.storage._common import check_cursor, make_cursor, materialize
 from harness_core.storage._lock import OwnerLock
+from harness_core.storage._operator import OperatorRequest
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
-from harness_core.storage._sqlite_schema import migrate
+from harness_core.storage._sqlite_schema import SCHEMA_VERSION, migrate
 
 Durability = Literal["normal", "full"]
 T = TypeVar("T")
@@ -245,6 +248,97 @@ def _setup(conn: sqlite3.Connection, path: str, durability: Durability) -> Stora
     return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
 
 
+# Operator requests (see _operator.py) live in a table of their own, outside the versioned schema: it is
+# created by whichever side touches it first and is never part of a harness commit.
+_REQUESTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS operator_requests (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
+    "args TEXT NOT NULL, status TEXT NOT NULL, outcome TEXT, created_at INTEGER NOT NULL, finished_at INTEGER)"
+)
+_REQUEST_COLUMNS = "id, kind, args, status, outcome, created_at, finished_at"
+
+
+def _request_of(row: Sequence[Any]) -> OperatorRequest:
+    return OperatorRequest(
+        id=row[0],
+        kind=row[1],
+        args=json.loads(row[2]),
+        status=row[3],
+        outcome=json.loads(row[4]) if row[4] is not None else None,
+        created_at=row[5],
+        finished_at=row[6],
+    )
+
+
+def _has_requests(conn: sqlite3.Connection) -> bool:
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'operator_requests'")
+    return found.fetchone() is not None
+
+
+def _put_request(conn: sqlite3.Connection, kind: str, args: str) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(_REQUESTS_TABLE)
+        cursor = conn.execute(
+            "INSERT INTO operator_requests (kind, args, status, created_at) VALUES (?, ?, 'pending', ?)",
+            (kind, args, int(time.time() * 1000)),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return int(cursor.lastrowid or 0)
+
+
+def _get_request(conn: sqlite3.Connection, request_id: int) -> OperatorRequest | None:
+    if not _has_requests(conn):
+        return None
+    row = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE id = ?", (request_id,)
+    ).fetchone()
+    return None if row is None else _request_of(row)
+
+
+def _pending_requests(conn: sqlite3.Connection, limit: int) -> list[OperatorRequest]:
+    if not _has_requests(conn):
+        return []
+    rows = conn.execute(
+        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE status = 'pending' ORDER BY id LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [_request_of(row) for row in rows]
+
+
+def _settle_request(conn: sqlite3.Connection, request_id: int, status: str, outcome: str | None) -> bool:
+    if not _has_requests(conn):
+        return False
+    changed = conn.execute(
+        "UPDATE operator_requests SET status = ?, outcome = ?, finished_at = ? WHERE id = ? AND status = 'pending'",
+        (status, outcome, int(time.time() * 1000), request_id),
+    ).rowcount
+    return bool(changed)
+
+
+def _read_only_setup(conn: sqlite3.Connection, path: str) -> StorageMeta:
+    """Start the one read transaction every later read of a read-only handle runs in (its snapshot)."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()  # a foreign file fails here
+    if version != SCHEMA_VERSION:
+        raise StorageError(
+            f"storage {path} has schema version {version}, this build reads {SCHEMA_VERSION}; "
+            "start the bot (it migrates the file) or use the matching durable-bots version"
+        )
+    conn.execute("BEGIN")
+    next_id, last_seq = conn.execute("SELECT next_id, last_seq FROM meta WHERE id = 1").fetchone()
+    return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
+
+
+def _existing(path: Path) -> tuple[Path, str]:
+    file = path.absolute()
+    if not file.is_file():
+        raise StorageError(f"there is no storage at {file}")
+    return file, str(file)
+
+
 def _prepare(path: Path) -> tuple[str, OwnerLock]:
     """Take the owner lock, then create the file. A few local syscalls, done inline."""
     file = path.absolute()
@@ -275,7 +369,7 @@ class SqliteStorage:
         path: str,
         db: aiosqlite.Connection,
         reader: aiosqlite.Connection,
-        lock: OwnerLock,
+        lock: OwnerLock | None,
         meta: StorageMeta,
     ) -> None:
         self._path = path
@@ -293,6 +387,7 @@ class SqliteStorage:
         self._closed = False
         self._uncheckpointed = 0
         self._checkpointing: asyncio.Task[None] | None = None  # owned here: awaited by close()
+        self.read_only = lock is None  # opened by open_read_only(): one snapshot, no writes, no lock
 
     @classmethod
     async def open(
@@ -332,6 +427,34 @@ class SqliteStorage:
             raise
         return cls(description, db, reader, lock, meta)
 
+    @classmethod
+    async def open_read_only(
+        cls, path: str | os.PathLike[str], *, busy_timeout: float = 5.0
+    ) -> SqliteStorage:
+        """Open an existing database for reading only, beside the process that owns it.
+
+        Takes no owner lock and writes nothing to the database (`mode=ro`); WAL lets this reader run beside
+        the owner's commits. Every read of the handle runs in one read transaction started here, so what it
+        returns is one consistent snapshot as of the open, however many commits land meanwhile. `commit()`
+        raises `StorageRequestError`. Close it soon: the snapshot holds back WAL checkpoints past it.
+
+        SQLite creates the `-wal` and `-shm` files if they are missing and, after a crash, rebuilds the WAL
+        index in `-shm` (shared memory, not the database), so this also works when no owner runs.
+        """
+        file, description = _existing(Path(path))
+        try:
+            db = await aiosqlite.connect(
+                f"{file.as_uri()}?mode=ro", uri=True, isolation_level=None, timeout=busy_timeout
+            )
+            try:
+                meta = await _on_thread(db, lambda conn: _read_only_setup(conn, description))
+            except BaseException:
+                await db.close()
+                raise
+        except sqlite3.Error as exc:
+            raise _translate(description, "open read-only", exc) from exc
+        return cls(description, db, db, None, meta)
+
     @property
     def description(self) -> str:
         return self._path
@@ -364,6 +487,8 @@ class SqliteStorage:
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
+        if self.read_only:
+            raise StorageRequestError(f"storage {self._path} is open read-only; commits need its owner")
         last = self._last_seq
         for batch in batches:
             if batch.seq <= last:
@@ -623,11 +748,58 @@ class SqliteStorage:
         rows = await self._scan_rows(sql + " ORDER BY id", params, "scan documents")
         return [self._doc_record(text, retired) for retired, text in rows]
 
+    # --- operator requests (harness_core.storage.OperatorRequests) ------------------------------------------
+
+    async def _requests(self, fn: Callable[[sqlite3.Connection], T], action: str) -> T:
+        """Run a request-table call: on the writer thread for the owner; for a read-only handle on a short
+        connection of its own (its snapshot would never see the owner's answers, and it must not write)."""
+        self._check()
+        if not self.read_only:
+            return await self._run(fn, action)
+
+        def once() -> T:
+            conn = sqlite3.connect(self._path, isolation_level=None, timeout=5.0)
+            try:
+                return fn(conn)
+            finally:
+                conn.close()
+
+        try:
+            return await asyncio.to_thread(once)
+        except sqlite3.Error as exc:
+            raise _translate(self._path, action, exc) from exc
+
+    async def put_operator_request(self, kind: str, args: dict[str, Any]) -> int:
+        text = json.dumps(args)
+        return await self._requests(lambda conn: _put_request(conn, kind, text), "queue an operator request")
+
+    async def operator_request(self, request_id: int) -> OperatorRequest | None:
+        return await self._requests(lambda conn: _get_request(conn, request_id), "read an operator request")
+
+    async def withdraw_operator_request(self, request_id: int) -> bool:
+        return await self._requests(
+            lambda conn: _settle_request(conn, request_id, "withdrawn", None), "withdraw an operator request"
+        )
+
+    async def pending_operator_requests(self, limit: int = 20) -> list[OperatorRequest]:
+        return await self._requests(lambda conn: _pending_requests(conn, limit), "read operator requests")
+
+    async def finish_operator_request(
+        self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]
+    ) -> bool:
+        text = json.dumps(outcome)
+        return await self._requests(
+            lambda conn: _settle_request(conn, request_id, status, text), "finish an operator request"
+        )
+
     async def close(self) -> None:
         """Checkpoint the WAL into the database file, close the connection, release the owner lock."""
         if self._closed:
             return
         self._closed = True
+        if self._lock is None:  # read-only: end the snapshot, nothing to write back or release
+            await self._db.close()
+            return
         try:
             if self._checkpointing is not None:
                 await asyncio.gather(self._checkpointing, return_exceptions=True)

@@ -105,13 +105,11 @@ async def test_a_second_process_on_the_same_storage_exits_2_and_names_the_holder
         holder = (
             f"another durable-bots process (pid {bot.pid}, host {socket.gethostname()}) is using {storage}"
         )
-        commands = (["run"], ["inspect"], ["approvals"], ["retry", "1"], ["export", "1"])
-        second, *operators = await asyncio.gather(*(cli(config, *c, env=env) for c in commands))
+        # Only a second bot is refused; operator commands read a snapshot (tests/bots/test_bots_operations.py).
+        second, inspected = await asyncio.gather(cli(config, "run", env=env), cli(config, "inspect", env=env))
         assert second.returncode == 2
         assert f"{holder}; stop it first" in second.stderr
-        for command, refused in zip(commands[1:], operators, strict=True):
-            assert refused.returncode == 2, command
-            assert holder in refused.stderr and "stop the bot" in refused.stderr
+        assert inspected.returncode == 0, inspected.stderr
         assert await bot.terminate() == 0
     finally:
         await bot.kill()

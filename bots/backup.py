@@ -1,0 +1,54 @@
+"""`durable-bots backup FILE`: a consistent copy of the storage, safe while the bot runs.
+
+SQLite's online backup API copies the database in one step inside one read transaction, so the copy is the
+database as of one commit, while the bot (a WAL writer) keeps committing. The copy is written to
+`FILE.part` created 0600 (it holds every conversation), switched from WAL to a rollback journal so it is one
+self-contained file, checked (`PRAGMA quick_check`), synced and then renamed to FILE: a failed backup never
+leaves a half file under the name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+from bots.runtime import BotError
+
+
+def backup_storage(source: Path, target: Path) -> int:
+    """Copy `source` to `target` (mode 0600); returns the copy's size in bytes."""
+    if not source.is_file():
+        raise BotError(f"there is no storage at {source} yet (has the bot run with this config?)")
+    if target.absolute() == source.absolute():
+        raise BotError("the backup must go to another file than the storage itself")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    with contextlib.suppress(FileNotFoundError):
+        part.unlink()
+    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        src = sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0)
+        try:
+            dst = sqlite3.connect(part, isolation_level=None)
+            try:
+                src.backup(dst, pages=-1)  # one step: one snapshot, never restarted by the bot's commits
+                dst.execute("PRAGMA journal_mode = DELETE")
+                (check,) = dst.execute("PRAGMA quick_check").fetchone()
+                if check != "ok":
+                    raise BotError(f"the copy of {source} does not check out ({check}); nothing was written")
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        with open(part, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(part, 0o600)
+        part.replace(target)
+    except sqlite3.Error as exc:
+        raise BotError(f"backup of {source} failed: {exc}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
+    return target.stat().st_size

@@ -1,0 +1,279 @@
+"""Prometheus metrics of one running bot, on a registry of its own (several bots can share a process).
+
+The hot path only increments: counters and histograms owned here (model requests, tool runs, commits) are
+updated where the work happens; the bridge's plain integer counters, the adapters' connection health and the
+gauges (parked tasks, pending approvals, inbox depth) are read when `/metrics` is scraped, in the event loop
+(`sample()`), so the scrape sees one consistent picture and the loop never pays for metrics it is not asked
+for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from adapters.base import Adapter
+from adapters.bridge import Bridge
+from adapters.health import health_of
+from harness_core import CORE_TOOL_RESULT, Harness, Publication
+from harness_core.messages import AssistantMessage, ToolResultMessage
+from harness_core.models import ModelInfo, ModelRequest, Provider
+from harness_core.storage import CommitBatch, Storage
+
+NAMESPACE = "durable_bots"
+_LATENCY_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+_COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+
+
+@dataclass
+class Sample:
+    """What a scrape reads from the running bot (taken in the event loop, see `BotMetrics.sample`)."""
+
+    taken_in: dict[str, int] = field(default_factory=dict)
+    duplicates: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, int] = field(default_factory=dict)
+    decided: dict[str, int] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
+    rate_limited: dict[str, int] = field(default_factory=dict)
+    reconnects: dict[str, int] = field(default_factory=dict)
+    connected: dict[str, bool] = field(default_factory=dict)
+    parked: int = 0
+    approvals_pending: int = 0
+    inbox_depth: int = 0
+
+
+class BotMetrics:
+    """Every metric of one bot. `bind()` connects it to the running harness, bridge and adapters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.model_requests = Counter(
+            "model_requests",
+            "Model requests by model and outcome",
+            ["model", "outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.model_latency = Histogram(
+            "model_request_seconds",
+            "Model request time, first byte to last, by model",
+            ["model"],
+            namespace=NAMESPACE,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_tokens = Counter(
+            "model_tokens",
+            "Tokens by model and kind (input, output, cache_read, cache_write)",
+            ["model", "kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.model_cost = Counter(
+            "model_cost_dollars",
+            "Model cost in US dollars by model",
+            ["model"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.tool_runs = Counter(
+            "tool_runs",
+            "Tool results committed, by tool and outcome (ok, error)",
+            ["tool", "outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            "commit_seconds",
+            "Time one storage commit (a group of harness commits) took",
+            namespace=NAMESPACE,
+            buckets=_COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Gauge(
+            "event_loop_lag_seconds",
+            "How late the event loop ran a callback scheduled for now (last probe)",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self._sampler: Callable[[], Sample] | None = None
+        r.register(_ScrapeCollector(self))
+        self.bridge: Bridge | None = None
+        self.harness: Harness | None = None
+        self.adapters: Sequence[Adapter] = ()
+
+    # --- wiring -----------------------------------------------------------------------------------------------
+
+    def bind(self, harness: Harness, bridge: Bridge, adapters: Sequence[Adapter]) -> Callable[[], None]:
+        """Count the harness's commits (tool runs) and read bridge and adapters at scrape time; returns the
+        function that unsubscribes."""
+        self.harness, self.bridge, self.adapters = harness, bridge, adapters
+        return harness.add_publication_listener(self.on_publication)
+
+    def on_publication(self, publication: Publication) -> None:
+        for entry in publication.entries:
+            if entry.kind != CORE_TOOL_RESULT:
+                continue
+            for message in entry.model or ():
+                if isinstance(message, ToolResultMessage):
+                    outcome = "error" if message.is_error else "ok"
+                    self.tool_runs.labels(message.tool_name, outcome).inc()
+
+    def set_sampler(self, sampler: Callable[[], Sample] | None) -> None:
+        """How a scrape gets the `Sample` (the admin server runs `sample()` in the event loop)."""
+        self._sampler = sampler
+
+    async def sample(self) -> Sample:
+        """Read counters and gauges of the running bot. Runs in the event loop."""
+        found = Sample()
+        bridge = self.bridge
+        if bridge is not None:
+            stats = bridge.stats
+            found.taken_in = dict(stats.taken_in)
+            found.duplicates = dict(stats.duplicates)
+            found.answers = dict(stats.answers_delivered)
+            found.decided = dict(stats.approvals_decided)
+            for platform, governor in bridge.governors().items():
+                found.writes[platform] = governor.writes
+                found.rate_limited[platform] = governor.rate_limited
+            found.approvals_pending = sum(
+                1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
+            )
+        for adapter in self.adapters:
+            health = health_of(adapter)
+            if health is not None:
+                found.reconnects[health.platform] = health.reconnects
+                found.connected[health.platform] = health.connected
+        harness = self.harness
+        if harness is not None and not harness.closed.done():
+            inspection = await harness.inspect()
+            found.parked = len(inspection.parked())
+            found.inbox_depth = sum(1 for s in inspection.submissions if s.status == "queued")
+        return found
+
+    # --- wrappers that measure --------------------------------------------------------------------------------
+
+    def provider(self, inner: Provider) -> Provider:
+        return _MeteredProvider(inner, self)
+
+    def storage(self, inner: Storage) -> Storage:
+        return _TimedStorage(inner, self)
+
+
+class _ScrapeCollector(Collector):
+    def __init__(self, metrics: BotMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return ()  # nothing to describe before the first scrape (registered with auto_describe)
+
+    def collect(self) -> Iterable[Metric]:
+        sampler = self.metrics._sampler
+        if sampler is None:
+            return
+        s = sampler()
+        yield _by("messages_taken_in", "Human messages committed by intake", "platform", s.taken_in)
+        yield _by(
+            "duplicates_dropped",
+            "Messages intake had already taken in (platform retries)",
+            "platform",
+            s.duplicates,
+        )
+        yield _by("answers_delivered", "Answers whose final text reached the platform", "platform", s.answers)
+        yield _by("platform_writes", "Posts and edits sent to the platform", "platform", s.writes)
+        yield _by(
+            "platform_rate_limited",
+            "Platform writes answered with 429 / Retry-After",
+            "platform",
+            s.rate_limited,
+        )
+        yield _by("reconnects", "Platform connections opened after the first", "platform", s.reconnects)
+        yield _by("approvals_decided", "Accepted approval decisions by outcome", "outcome", s.decided)
+        connected = GaugeMetricFamily(
+            f"{NAMESPACE}_adapter_connected", "1 while the platform connection is up", labels=["platform"]
+        )
+        for platform, up in sorted(s.connected.items()):
+            connected.add_metric([platform], 1.0 if up else 0.0)
+        yield connected
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_approvals_pending",
+            "Approval requests waiting for a human",
+            value=s.approvals_pending,
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_parked_tasks", "Tasks parked after repeated crashes (see `retry`)", value=s.parked
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_inbox_depth", "Submissions queued behind a running answer", value=s.inbox_depth
+        )
+
+
+def _by(name: str, documentation: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(f"{NAMESPACE}_{name}", documentation, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], float(value))
+    return family
+
+
+class _MeteredProvider:
+    """A model provider that counts requests, time, tokens and cost of each stream it hands out."""
+
+    def __init__(self, inner: Provider, metrics: BotMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+        self.name = inner.name
+
+    def model(self, model_id: str) -> ModelInfo | None:
+        return self.inner.model(model_id)
+
+    async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
+        metrics = self.metrics
+        label = f"{model.provider}:{model.id}"
+        started = time.monotonic()
+        last: AssistantMessage | None = None
+        try:
+            async for message in self.inner.stream(model, request):
+                last = message
+                yield message
+        finally:
+            # The caller may stop iterating at the final message: judge by the last message seen.
+            finished = last is not None and last.stop_reason in ("stop", "length", "toolUse")
+            outcome = "ok" if finished and last is not None and last.error is None else "error"
+            metrics.model_requests.labels(label, outcome).inc()
+            metrics.model_latency.labels(label).observe(time.monotonic() - started)
+            if last is not None:
+                usage = last.usage
+                for kind in ("input", "output", "cache_read", "cache_write"):
+                    amount = getattr(usage, kind)
+                    if amount:
+                        metrics.model_tokens.labels(label, kind).inc(amount)
+                if usage.cost:
+                    metrics.model_cost.labels(label).inc(usage.cost)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _TimedStorage:
+    """The storage with its commits timed; every other call goes straight through."""
+
+    def __init__(self, inner: Storage, metrics: BotMetrics) -> None:
+        self._inner = inner
+        self._histogram = metrics.commit_latency
+
+    async def commit(self, batches: Sequence[CommitBatch]) -> None:
+        started = time.perf_counter()
+        try:
+            await self._inner.commit(batches)
+        finally:
+            self._histogram.observe(time.perf_counter() - started)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)

@@ -1,0 +1,62 @@
+"""The running bot's side of operator requests, in process: whatever lands in the request table (it is
+written by another process) gets an answer and never breaks the desk or leaves a request pending."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from adapters.bridge import Bridge
+from bots.operator_requests import OperatorDesk, ask_running_bot
+from harness_core import Harness
+from harness_core.storage import SqliteStorage
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+ARGS = st.dictionaries(st.sampled_from(["task", "gate", "approve", "name", "other"]), JSON, max_size=4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["retry", "cancel", "decide", "reboot", ""]), args=ARGS)
+@example(kind="retry", args={"task": 2**70})  # past SQLite's integers: the lookup itself raises
+@example(kind="decide", args={"gate": "7", "approve": True})  # no name
+async def test_any_request_gets_an_answer_and_the_desk_keeps_going(
+    tmp_path_factory: Any, kind: str, args: dict[str, Any]
+) -> None:
+    path: Path = tmp_path_factory.mktemp("desk") / "s.sqlite"
+    storage = await SqliteStorage.open(path)
+    harness = await Harness.open(storage)
+    bridge = Bridge(harness)
+    desk = OperatorDesk(storage, harness, bridge)
+    try:
+        request_id = await storage.put_operator_request(kind, json.loads(json.dumps(args)))
+        for request in await storage.pending_operator_requests():
+            await desk.handle(request)
+        found = await storage.operator_request(request_id)
+        assert found is not None and found.status in ("done", "failed")
+        assert isinstance((found.outcome or {}).get("message"), str)
+        assert await storage.pending_operator_requests() == []
+    finally:
+        await bridge.stop()
+        await harness.close()
+
+
+async def test_a_request_nobody_picks_up_is_withdrawn(tmp_path: Path) -> None:
+    owner = await SqliteStorage.open(tmp_path / "s.sqlite")
+    reader = await SqliteStorage.open_read_only(tmp_path / "s.sqlite")
+    try:
+        assert await ask_running_bot(reader, "retry", {"task": 1}, timeout=0.3) is None
+        found = await reader.operator_request(1)
+        assert found is not None and found.status == "withdrawn"
+        assert await owner.pending_operator_requests() == []
+        assert not await owner.finish_operator_request(1, "done", {"message": "late"})  # first wins
+    finally:
+        await reader.close()
+        await owner.close()
