@@ -18,7 +18,7 @@ MAX_DEPTH = 64
 well below; anything deeper is refused as malformed instead of walked."""
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89abAB]", re.ASCII)
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]", re.ASCII)
 
 
 class PayloadTooDeep(ValueError):
