@@ -44,6 +44,7 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.async_internals import send_async_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -99,10 +100,12 @@ def signature_valid(
 
 
 class _QuietBoltNotices(logging.Filter):
-    """Bolt warns on every start that the `client` we pass wins over a token it read from os.environ."""
+    """Bolt warns on every start that the `client` we pass wins over a token it read from os.environ, and on
+    every request no listener takes with the whole payload (user text, any size) in the log line; the adapter
+    acknowledges those itself (debug)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("As you gave `client` as well")
+        return not str(record.msg).startswith(("As you gave `client` as well", "Unhandled request ("))
 
 
 BOLT_LOG = logging.getLogger("adapters.slack.bolt")
@@ -122,7 +125,7 @@ def malformed(body: Any) -> str | None:
             return "event without a type"
     if body.get("type") == "block_actions":
         actions = body.get("actions")
-        if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
+        if not isinstance(actions, list) or not actions or not all(isinstance(a, dict) for a in actions):
             return "block_actions without a list of action objects"
     return None
 
@@ -371,10 +374,9 @@ class SlackAdapter:
     async def _decide(self, body: dict[str, Any], gate_id: int, approve: bool, respond: Any) -> None:
         bridge, transport = self.bridge, self.transport
         assert bridge is not None and transport is not None
-        user = body.get("user") or {}
+        user, container, where = (_object(body.get(key)) for key in ("user", "container", "channel"))
         user_id = str(user.get("id") or "")
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        channel = str(where.get("id") or container.get("channel_id") or "")
         thread = container.get("thread_ts")
         gate = await bridge.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
         tool = str(gate.get("tool") or "the tool")
@@ -497,21 +499,36 @@ class SlackAdapter:
             log.warning("acknowledging a malformed %s envelope: %s", req.type, problem)
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
             return
-        failures: list[BaseException] = []
-        token = _LISTENER_FAILURES.set(failures)
-        try:
-            response = await self._app.async_dispatch(request)
-        finally:
-            _LISTENER_FAILURES.reset(token)
+        response = await self._dispatch(request)
+        if response is None:
+            log.warning("acknowledging a %s envelope the app could not handle (malformed payload)", req.type)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
         if response.status == 404:
             log.debug("acknowledging an unhandled %s envelope", req.type)
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
             return
-        if response.status >= 500 and not failures:
-            log.warning("acknowledging a %s envelope the app could not handle (malformed payload)", req.type)
-            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
-            return
         await send_async_response(client, req, response, started)
+
+    async def _dispatch(self, request: AsyncBoltRequest) -> BoltResponse | None:
+        """Bolt's answer, or None when bolt failed on the payload itself (it answers 500, or even raises from
+        its error handling): acknowledge, a redelivery would fail the same way. When our own listener failed
+        (nothing committed), bolt's 500 stands, so Slack redelivers."""
+        assert self._app is not None
+        failures: list[BaseException] = []
+        token = _LISTENER_FAILURES.set(failures)
+        try:
+            response = await self._app.async_dispatch(request)
+        except Exception as exc:
+            if failures:
+                raise
+            log.warning("Slack: a payload bolt could not handle: %s: %s", type(exc).__name__, exc)
+            return None
+        finally:
+            _LISTENER_FAILURES.reset(token)
+        if response.status >= 500 and not failures:
+            return None
+        return response
 
     # --- HTTP Events API ----------------------------------------------------------------------------------------
 
@@ -578,17 +595,12 @@ class SlackAdapter:
         if problem is not None:
             log.warning("acknowledging a malformed request: %s", problem)
             return web.Response(status=200)
-        failures: list[BaseException] = []
-        token = _LISTENER_FAILURES.set(failures)
-        try:
-            response = await self._app.async_dispatch(bolt_request)
-        finally:
-            _LISTENER_FAILURES.reset(token)
+        response = await self._dispatch(bolt_request)
+        if response is None:
+            log.warning("acknowledging a request the app could not handle (malformed payload)")
+            return web.Response(status=200)
         if response.status == 404:
             log.debug("acknowledging an unhandled request")
-            return web.Response(status=200)
-        if response.status >= 500 and not failures:
-            log.warning("acknowledging a request the app could not handle (malformed payload)")
             return web.Response(status=200)
         result: web.Response = await to_aiohttp_response(response)
         return result
@@ -608,6 +620,11 @@ class SlackAdapter:
                     return None
                 chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A payload field that should be an object, or {} when it is anything else."""
+    return value if isinstance(value, dict) else {}
 
 
 def _closing(response: web.Response) -> web.Response:
