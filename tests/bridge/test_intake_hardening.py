@@ -13,7 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.bridge import IncomingMessage, MessageDoc, Place, valid_payload, valid_text
+from adapters.bridge import (
+    IncomingMessage,
+    MessageDoc,
+    PayloadTooDeep,
+    Place,
+    may_hold_surrogates,
+    valid_payload,
+    valid_text,
+)
 from harness_core import StrictJsonError
 
 from .support import CHANNEL, Bot
@@ -29,6 +37,15 @@ def test_valid_text_replaces_lone_surrogates_and_joins_split_pairs() -> None:
     assert valid_payload({"k\ud800": ["x\udfff", 1, None, {"y": "\ud83d"}]}) == {
         "k\ufffd": ["x\ufffd", 1, None, {"y": "\ufffd"}]
     }
+    nested: Any = "leaf"
+    for _ in range(100):
+        nested = [nested]
+    with pytest.raises(PayloadTooDeep):
+        valid_payload(nested)
+    for raw in ('"\\ud83d"', '"\\udc00"', '"\\uDFFF"', b'"\\ud800"', "\ud800"):
+        assert may_hold_surrogates(raw), raw
+    for raw in ('"\\u0041"', '"\\ue000"', b"plain", "plain \U0001f600"):
+        assert not may_hold_surrogates(raw), raw
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
