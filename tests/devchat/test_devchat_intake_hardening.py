@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from adapters.devchat import ChatStore
 
 from .support import Rig, final_bot
 
@@ -81,6 +86,43 @@ async def test_a_new_store_never_reuses_the_request_id_of_a_deleted_one(
     assert second["outcome"] == "answering", second  # ...but the request id is another one
     await page.until(final_bot("answer to alice: @bot after the reset"))
     assert len(rig.faux.requests) == 2
+
+
+async def legacy_store(path: Path) -> None:
+    """A store as created before store ids existed (its request ids carry no store identity)."""
+    store = await ChatStore.open(path)
+    await store.db.execute("DELETE FROM meta WHERE key = 'store_id'")
+    await store.close()
+
+
+async def test_a_reused_id_with_other_content_is_a_loud_conflict_not_a_silent_duplicate(
+    rig_factory: Callable[..., Awaitable[Rig]], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = await rig_factory()
+    await rig.bridge.start()
+    await legacy_store(rig.store_path)
+    await rig.start_adapter()
+    rig.harness.resume()
+    page, _ = await rig.hello()
+    await page.send(**post("client-c001", "@bot in the old store"))
+    first = await page.until(lambda f: f["type"] == "ack")
+    await page.until(final_bot("answer to alice: @bot in the old store"))
+    await page.close()
+    await rig.adapter.stop()
+    for suffix in ("", "-wal", "-shm"):
+        rig.store_path.with_name(rig.store_path.name + suffix).unlink(missing_ok=True)
+    await legacy_store(rig.store_path)  # deleted and replaced by another store without an id
+
+    await rig.start_adapter()
+    page, _ = await rig.hello()
+    with caplog.at_level(logging.ERROR, logger="adapters.bridge"):
+        await page.send(**post("client-c002", "@bot in the new store"))
+        second = await page.until(lambda f: f["type"] == "ack")
+    assert second["message_id"] == first["message_id"]
+    assert second["outcome"] == "conflict"
+    assert (
+        "RequestIdConflict" in caplog.text and f"devchat:local:general:{first['message_id']}" in caplog.text
+    )
 
 
 frames = st.recursive(
