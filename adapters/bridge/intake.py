@@ -140,9 +140,9 @@ async def intake(bridge: Bridge, message: IncomingMessage) -> IntakeResult:
         result = await harness.commit(commit)
     except (StrictJsonError, RequestIdConflict, ValidationError) as exc:
         log.error(
-            "intake refused platform message %s (%s by %s); dropped: %s: %s",
+            "intake refused platform message %s (%d characters by %s); dropped: %s: %s",
             message.request_id,
-            f"{len(message.text)} characters",
+            len(message.text),
             message.user_id,
             type(exc).__name__,
             exc,
