@@ -17,6 +17,7 @@ from adapters.bridge.model import (
     RetryLater,
     TransportError,
 )
+from adapters.bridge.outside import PayloadTooDeep, may_hold_surrogates, valid_payload, valid_text
 from adapters.bridge.text import split_text
 from adapters.bridge.transport import GateView, Transport
 
@@ -33,6 +34,7 @@ __all__ = [
     "IntakeResult",
     "MessageDoc",
     "MessageGone",
+    "PayloadTooDeep",
     "Place",
     "PlaceDoc",
     "PlaceOfDoc",
@@ -42,5 +44,8 @@ __all__ = [
     "Transport",
     "TransportError",
     "is_reply_key",
+    "may_hold_surrogates",
     "split_text",
+    "valid_payload",
+    "valid_text",
 ]

@@ -17,6 +17,7 @@ from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.governor import RateGovernor
 from adapters.bridge.intake import IntakeResult, intake, last_seen
 from adapters.bridge.model import BridgeConfig, IncomingMessage, Place
+from adapters.bridge.outside import valid_text
 from adapters.bridge.schedule import ScheduledTask, schedule_tool
 from adapters.bridge.stats import BridgeStats
 from adapters.bridge.transport import Transport
@@ -109,10 +110,10 @@ class Bridge:
     ) -> Decision:
         decision = await self.approvals.decide(
             gate_id,
-            user_id=user_id,
-            user_name=user_name,
+            user_id=valid_text(user_id),
+            user_name=valid_text(user_name),
             approve=approve,
-            user_groups=user_groups,
+            user_groups=None if user_groups is None else [valid_text(g) for g in user_groups],
             operator=operator,
         )
         if decision.accepted:
@@ -147,7 +148,7 @@ class Bridge:
                 log.warning("catch-up of %s failed: %s", place.key, exc)
                 continue
             for message in messages:
-                if (await self.intake(message)).outcome != "duplicate":
+                if (await self.intake(message)).outcome not in ("duplicate", "conflict", "refused"):
                     count += 1
         return count
 

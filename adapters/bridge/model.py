@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from adapters.bridge.outside import valid_text
+
 
 @dataclass(frozen=True)
 class Place:
@@ -58,6 +60,23 @@ class IncomingMessage:
     mentions_bot: bool = False
     is_dm: bool = False
     reply_to: str | None = None  # the message this one replies to (Discord message_reference)
+
+    def __post_init__(self) -> None:
+        # Every field came from outside: a lone surrogate in any of them would fail in storage (or be refused
+        # as invalid JSON); it becomes U+FFFD here, whatever the adapter forgot.
+        place = self.place
+        fixed = Place(
+            place.platform,
+            valid_text(place.workspace),
+            valid_text(place.channel),
+            None if place.thread is None else valid_text(place.thread),
+        )
+        if fixed != place:
+            object.__setattr__(self, "place", fixed)
+        for name in ("message_id", "user_id", "user_name", "text"):
+            object.__setattr__(self, name, valid_text(getattr(self, name)))
+        if self.reply_to is not None:
+            object.__setattr__(self, "reply_to", valid_text(self.reply_to))
 
     @property
     def request_id(self) -> str:

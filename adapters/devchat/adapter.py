@@ -16,6 +16,12 @@ from adapters.devchat.transport import DevchatTransport
 log = logging.getLogger("adapters.devchat")
 
 
+def workspace_of(workspace: str, store_id: str) -> str:
+    """The workspace part of this store's places: the configured one plus the store's id, so a new store (the
+    old file deleted) is a new workspace and none of its message ids can collide with an old request id."""
+    return f"{workspace}.{store_id}" if store_id else workspace
+
+
 class DevchatAdapter:
     name = "devchat"
 
@@ -41,7 +47,7 @@ class DevchatAdapter:
                 await store.add_channel(channel, None)
             transport = DevchatTransport(
                 store,
-                workspace=self.options.workspace,
+                workspace=workspace_of(self.options.workspace, store.store_id),
                 bot_name=self.options.bot_name,
                 max_chars=self.options.max_chars,
                 edit_interval=self.options.edit_interval,
@@ -71,7 +77,7 @@ class DevchatAdapter:
         channel or thread the bot never saw, is caught up too."""
         places = {transport.place(channel, thread) for channel, thread in await store.human_places()}
         places.update(
-            p for p in await bridge.known_places(transport.platform) if p.workspace == self.options.workspace
+            p for p in await bridge.known_places(transport.platform) if p.workspace == transport.workspace
         )
         return sorted(places, key=lambda p: (p.channel, p.thread is not None, int(p.thread or 0)))
 

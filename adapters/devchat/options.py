@@ -27,7 +27,8 @@ class DevchatOptions(BaseModel):
     store: Path = Path("var/devchat.sqlite")
     """The chat's own SQLite file (channels, messages, event log); created 0600."""
     workspace: str = Field("local", min_length=1, max_length=64)
-    """The workspace part of every place (`devchat:<workspace>:<channel>[:<thread>]`)."""
+    """The workspace part of every place (`devchat:<workspace>.<store id>:<channel>[:<thread>]`; the store id is
+    minted with the store file, so posts in a new store never reuse the request ids of a deleted one)."""
     channels: list[str] = Field(default_factory=lambda: ["general", "ops"])
     """Channels that always exist; users can add more from the page."""
     bot_name: str = Field("bot", min_length=1, max_length=32)

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from aiohttp import WSMsgType, web
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
+from adapters.bridge import ApprovalDoc, Bridge, PayloadTooDeep, Place, PlaceOfDoc, valid_payload
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import DevchatTransport
@@ -47,11 +47,12 @@ QUEUE_LIMIT = 2_000  # frames waiting for one page; a page further behind is dis
 MAX_TEXT = 8_000
 PANEL_POLL = 1.0  # seconds; the panel also refreshes on every task or approval commit
 PANEL_MIN_GAP = 0.2
+Id = Annotated[int, Field(ge=0, le=2**63 - 1)]  # what SQLite can hold: a larger one is refused, not an error
 
 
 class Hello(BaseModel):
     type: Literal["hello"]
-    cursor: int | None = None
+    cursor: Id | None = None
     epoch: str | None = None
 
 
@@ -59,7 +60,7 @@ class Post(BaseModel):
     type: Literal["post"]
     name: str
     channel: str
-    thread: int | None = None
+    thread: Id | None = None
     text: str = Field(max_length=MAX_TEXT)
     client_id: str = Field(min_length=8, max_length=64)
 
@@ -67,7 +68,7 @@ class Post(BaseModel):
 class Click(BaseModel):
     type: Literal["click"]
     name: str
-    gate: int
+    gate: Id
     approve: bool
 
 
@@ -80,7 +81,7 @@ class NewChannel(BaseModel):
 class Retry(BaseModel):
     type: Literal["retry"]
     name: str
-    task: int
+    task: Id
 
 
 Incoming = TypeAdapter(Annotated[Hello | Post | Click | NewChannel | Retry, Field(discriminator="type")])
@@ -255,8 +256,17 @@ class DevchatServer:
                 client.send(payload)
 
     async def _handle(self, client: Client, data: str) -> None:
+        # json.loads, not pydantic's parser: that one refuses a lone surrogate (`"\ud83d"`) outright, and a
+        # post must be taken in with U+FFFD instead, as on every platform.
         try:
-            message = Incoming.validate_json(data)
+            frame = valid_payload(json.loads(data))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, PayloadTooDeep
+            reason = str(exc) if isinstance(exc, PayloadTooDeep) else "not JSON"
+            log.warning("devchat: refused a websocket frame (%d characters): %s", len(data), reason)
+            client.send({"type": "error", "text": f"bad message: {reason}"})
+            return
+        try:
+            message = Incoming.validate_python(frame)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])

@@ -135,10 +135,17 @@ class Writer:
 
 
 class ChatStore:
-    def __init__(self, path: Path, db: Any, lock_fd: int, epoch: str, keep_events: int) -> None:
+    """`epoch` changes with the store (a page's cursor means nothing in another one). `store_id` is minted with
+    the file and goes into every place key, hence every request id: a post in a new store (the old file deleted)
+    never reuses the id of a post in the old one. Stores created before store ids have "" and keep their ids."""
+
+    def __init__(
+        self, path: Path, db: Any, lock_fd: int, epoch: str, keep_events: int, store_id: str = ""
+    ) -> None:
         self.path = path
         self.db = db
         self.epoch = epoch
+        self.store_id = store_id
         self.keep_events = keep_events
         self.lock = asyncio.Lock()  # one writer; readers that must not interleave with writes take it too
         self.listeners: list[Listener] = []
@@ -169,16 +176,24 @@ class ChatStore:
             await db.executescript(SCHEMA)
             async with db.execute("SELECT value FROM meta WHERE key = 'epoch'") as cursor:
                 row = await cursor.fetchone()
-            if row is None:
-                epoch = secrets.token_hex(8)
+            if row is None:  # a new store
+                epoch, store_id = secrets.token_hex(8), secrets.token_hex(4)
+                await db.execute("BEGIN IMMEDIATE")
                 await db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", (epoch,))
+                await db.execute("INSERT INTO meta (key, value) VALUES ('store_id', ?)", (store_id,))
+                await db.execute("COMMIT")
             else:
                 epoch = str(row[0])
+                async with db.execute("SELECT value FROM meta WHERE key = 'store_id'") as cursor:
+                    found = await cursor.fetchone()
+                if found is None:  # created before store ids: its posts were taken in under the old ids
+                    await db.execute("INSERT INTO meta (key, value) VALUES ('store_id', '')")
+                store_id = "" if found is None else str(found[0])
         except BaseException:
             await db.close()
             os.close(lock_fd)
             raise
-        return cls(path, db, lock_fd, epoch, keep_events)
+        return cls(path, db, lock_fd, epoch, keep_events, store_id)
 
     async def close(self) -> None:
         async with self.lock:

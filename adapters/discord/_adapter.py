@@ -27,11 +27,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import discord
 
 from adapters.bridge import Bridge, Place
 from adapters.discord._components import ApprovalButton
 from adapters.discord._endpoints import override_endpoints
+from adapters.discord._hardening import guard_parsers, install_tolerant_json
 from adapters.discord._intake import DM_WORKSPACE, PLATFORM, Converter, is_human
 from adapters.discord._options import DiscordSettings
 from adapters.discord._render import refusal_text
@@ -137,6 +139,7 @@ class DiscordAdapter:
         options = self.settings.options
         self.bridge = bridge
         override_endpoints(self.settings.api_url, self.settings.gateway_url)
+        install_tolerant_json()
         client = self.client = _Client(
             self,
             intents=self._intents(),
@@ -145,6 +148,7 @@ class DiscordAdapter:
             heartbeat_timeout=options.heartbeat_timeout,
             enable_debug_events=True,  # socket_raw_receive: when the last frame came (see _disconnected)
         )
+        guard_parsers(client)
         self.converter = Converter(client)
         self.transport = DiscordTransport(
             client,
@@ -330,13 +334,26 @@ class DiscordAdapter:
         user = self.client.user
         if user is None:
             return
-        self.converter.remember(message)
-        if not is_human(message, user.id):
+        try:
+            self.converter.remember(message)
+            if not is_human(message, user.id):
+                return
+            place = await self.converter.place_of(message)
+            if place is None:
+                return
+            incoming = await self.converter.convert(message, place, user.id)
+        except (discord.HTTPException, OSError, aiohttp.ClientError, TimeoutError):
+            raise  # the network: retried in order
+        except Exception as exc:
+            # A message whose fields do not make sense fails the same way on every retry: retrying would
+            # hold every later message behind it. Dropped, loudly; the bridge never saw it.
+            log.error(
+                "discord: message %s could not be read and is dropped (%s: %s)",
+                message.id,
+                type(exc).__name__,
+                exc,
+            )
             return
-        place = await self.converter.place_of(message)
-        if place is None:
-            return
-        incoming = await self.converter.convert(message, place, user.id)
         if incoming is not None:
             await self.bridge.intake(incoming)
 

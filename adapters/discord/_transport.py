@@ -286,7 +286,21 @@ class DiscordTransport:
         bot_id = self._bot_id()
         found: list[IncomingMessage] = []
         for message in messages:
-            incoming = await self.converter.convert(message, place, bot_id)
+            try:
+                incoming = await self.converter.convert(message, place, bot_id)
+            except (discord.HTTPException, OSError, TimeoutError):
+                raise  # the network: the whole place is tried again on the next catch-up
+            except (
+                Exception
+            ) as exc:  # fields that make no sense: skipping it must not cost the messages after it
+                log.error(
+                    "discord: catch-up of %s: message %s could not be read and is dropped (%s: %s)",
+                    place.key,
+                    message.id,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
             if incoming is not None:
                 found.append(incoming)
         return found

@@ -45,6 +45,7 @@ from aiohttp import web
 from adapters.discord._endpoints import Endpoints, override_endpoints
 from adapters.discord._fake_gateway import FakeGateway, GatewayConnection, GatewaySession
 from adapters.discord._fake_models import (
+    ALL_INTENT_BITS,
     ChannelType,
     DiscordAPIError,
     FakeChannel,
@@ -434,6 +435,19 @@ class FakeDiscord:
         self._world.edit_message(msg, {"content": content}, editor=msg.author, enforce_age_limit=False)
         await self._gateway.flush()
         return msg
+
+    def gateway_payload(self, message: MessageRef) -> dict[str, object]:
+        """The MESSAGE_CREATE payload of a stored message, as a session with every intent gets it (a starting
+        point for `dispatch_raw` with fields changed)."""
+        return dict(
+            self._world.message_payload(self.message(message), session_intents=ALL_INTENT_BITS, gateway=True)
+        )
+
+    async def dispatch_raw(self, event: str, data: object, *, guild_id: int | None = None) -> None:
+        """Send a dispatch exactly as given (any shape: tests of what a bot does with hostile payloads) to every
+        connected session, and wait until it is written. Nothing is stored in the fake's world."""
+        self._gateway.dispatch(event, lambda _intents: data, intents=0, guild_id=guild_id)  # type: ignore[arg-type,return-value]
+        await self._gateway.flush()
 
     async def user_deletes(self, message: MessageRef) -> None:
         """The message disappears from history; MESSAGE_DELETE is dispatched."""

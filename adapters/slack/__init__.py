@@ -7,8 +7,9 @@ native streaming in threads, Block Kit approval buttons. ``adapters.slack.testin
     await adapter.stop()
 """
 
-from adapters.slack.adapter import SlackAdapter, create, signature_valid
+from adapters.slack.adapter import SlackAdapter, create
 from adapters.slack.config import SlackConfigError, SlackOptions, SlackSecrets
+from adapters.slack.payloads import signature_valid
 from adapters.slack.transport import REPLY_EVENT, SlackTransport
 
 __all__ = [

@@ -9,6 +9,14 @@ the `message` + `app_mention` pair of one post, and every retry of either, becom
 not input (bot posts, hidden subtypes, unknown event types) are acknowledged, or Slack would retry them for
 nothing; a bolt "unhandled request" (404) is turned into an ack for the same reason.
 
+HTTP mode reads nothing before the signature headers are there and fresh (401 on the headers alone, the body
+left unread), reads at most `max_body` bytes (413 before reading a larger one), then checks the HMAC. A signed
+payload that cannot be handled is never answered 500, which would make Slack retry it for an hour: undecodable
+(not UTF-8, not JSON, nested too deep) is 400 with `X-Slack-No-Retry: 1`; decodable but of a shape the adapter or
+bolt cannot use is 200, logged and dropped. A 500 goes out only when the adapter's own listener failed to
+commit a message, so that Slack does redeliver it. Every decoded payload (HTTP and Socket Mode) is made valid
+first: a lone surrogate becomes U+FFFD.
+
 Clicks on approval buttons are acknowledged at once (Slack wants it within 3 s and never redelivers an
 interaction), then decided in a task the adapter owns: the clicking user's groups among the gate's groups
 are looked up (`usergroups.users.list`, cached briefly), `bridge.decide` checks the policy and commits first
@@ -20,11 +28,11 @@ gate pending and its buttons working: the user clicks again.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -33,10 +41,11 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.async_internals import send_async_response
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError
+from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError, valid_payload
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
 from adapters.slack._socket import WatchedSocketModeClient
@@ -44,58 +53,31 @@ from adapters.slack.blocks import ACTION_PATTERN, parse_action
 from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, parse_options
 from adapters.slack.directory import Directory
 from adapters.slack.events import MalformedEvent, human_message
+from adapters.slack.payloads import decode_body, malformed, signature_headers_acceptable, signature_valid
 from adapters.slack.transport import SlackTransport
 
 log = logging.getLogger("adapters.slack")
 
-SIGNATURE_WINDOW = 300  # seconds: Slack's replay window for request timestamps
 DRAIN_TIMEOUT = 5.0
+BODY_TIMEOUT = 10.0  # seconds a signed request may take to send its (small) body
 
-
-def signature_valid(
-    secret: str, body: bytes, timestamp: str | None, signature: str | None, now: float
-) -> bool:
-    """Slack's v0 request signature over the raw bytes (HMAC-SHA256 of `v0:{timestamp}:{body}`), with the
-    5-minute replay window and a constant-time compare. Works on bytes, so a body that is not UTF-8 is simply
-    checked, not a crash."""
-    if not timestamp or not signature:
-        return False
-    try:
-        stamp = int(timestamp)
-    except ValueError:
-        return False
-    if abs(now - stamp) > SIGNATURE_WINDOW:
-        return False
-    base = b"v0:" + timestamp.encode() + b":" + body
-    expected = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature)
+# Set by the HTTP/Socket Mode entry for the request in hand; the message listener records that it raised, so a
+# 500 from bolt is told apart: the listener's (not committed: let Slack redeliver) or bolt's own on a payload it
+# could not handle (acknowledge, a redelivery would fail the same way).
+_LISTENER_FAILURES: ContextVar[list[BaseException] | None] = ContextVar("_LISTENER_FAILURES", default=None)
 
 
 class _QuietBoltNotices(logging.Filter):
-    """Bolt warns on every start that the `client` we pass wins over a token it read from os.environ."""
+    """Bolt warns on every start that the `client` we pass wins over a token it read from os.environ, and on
+    every request no listener takes with the whole payload (user text, any size) in the log line; the adapter
+    acknowledges those itself (debug)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("As you gave `client` as well")
+        return not str(record.msg).startswith(("As you gave `client` as well", "Unhandled request ("))
 
 
 BOLT_LOG = logging.getLogger("adapters.slack.bolt")
 BOLT_LOG.addFilter(_QuietBoltNotices())
-
-
-def malformed(body: Any) -> str | None:
-    """Why a decoded payload cannot be handled at all, or None. Bolt's own middleware raises on some shapes
-    (an `event` that is not an object), which would answer 500 and make Slack retry the same garbage."""
-    if not isinstance(body, dict):
-        return f"payload is {type(body).__name__}, not an object"
-    if body.get("type") == "event_callback" or "event" in body:
-        event = body.get("event")
-        if not isinstance(event, dict):
-            return "event_callback without an event object"
-        if not isinstance(event.get("type"), str):
-            return "event without a type"
-    if body.get("type") == "block_actions" and not isinstance(body.get("actions"), list):
-        return "block_actions without actions"
-    return None
 
 
 REFUSALS = {
@@ -251,16 +233,37 @@ class SlackAdapter:
             name="durable-bots",
             signing_secret=self._secrets.signing_secret or "",
             process_before_response=True,  # the ack goes out after the listener: commit, then ack
-            request_verification_enabled=self.options.mode == "http",
+            # HTTP mode: `_on_http_request` verified the raw bytes before anything else; bolt gets the payload
+            # made valid (re-encoded), whose bytes no longer carry Slack's signature.
+            request_verification_enabled=False,
             logger=BOLT_LOG,
         )
         app.event("message")(self._on_message)
         app.event("app_mention")(self._on_message)
         app.action(ACTION_PATTERN)(self._on_gate_click)
+        app.error(self._on_bolt_error)
         return app
+
+    async def _on_bolt_error(self, error: Exception) -> None:
+        """Bolt's error handler (it answers 500 after this). Our listener's failure is the one worth a traceback
+        (a message not committed: Slack redelivers it); anything else is bolt choking on a payload's shape, one
+        line, and the request is acknowledged."""
+        if _LISTENER_FAILURES.get():
+            log.error("Slack: taking in a message failed; Slack will redeliver it", exc_info=error)
+        else:
+            log.warning("Slack: a payload bolt could not handle: %s: %s", type(error).__name__, error)
 
     async def _on_message(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         """`message` and `app_mention`: commit the input; returning lets bolt ack. Raising means no ack."""
+        try:
+            await self._take_in(body, event)
+        except BaseException as exc:
+            failures = _LISTENER_FAILURES.get()
+            if failures is not None:
+                failures.append(exc)
+            raise
+
+    async def _take_in(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         bridge, transport = self.bridge, self.transport
         assert bridge is not None and transport is not None and self.bot_user_id is not None
         try:
@@ -306,10 +309,9 @@ class SlackAdapter:
     async def _decide(self, body: dict[str, Any], gate_id: int, approve: bool, respond: Any) -> None:
         bridge, transport = self.bridge, self.transport
         assert bridge is not None and transport is not None
-        user = body.get("user") or {}
+        user, container, where = (_object(body.get(key)) for key in ("user", "container", "channel"))
         user_id = str(user.get("id") or "")
-        container = body.get("container") or {}
-        channel = str((body.get("channel") or {}).get("id") or container.get("channel_id") or "")
+        channel = str(where.get("id") or container.get("channel_id") or "")
         thread = container.get("thread_ts")
         gate = await bridge.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
         tool = str(gate.get("tool") or "the tool")
@@ -418,23 +420,55 @@ class SlackAdapter:
             headers["x-slack-retry-num"] = str(req.retry_attempt)
         if req.retry_reason is not None:
             headers["x-slack-retry-reason"] = req.retry_reason
-        problem = malformed(req.payload)
-        if problem is not None:
+        try:
+            payload = valid_payload(req.payload)
+            problem = malformed(payload)
+            request = (
+                None
+                if problem
+                else AsyncBoltRequest(mode="socket_mode", body=payload, headers=headers or None)
+            )
+        except Exception as exc:  # PayloadTooDeep, or bolt choking on the shape while reading it
+            problem, request = f"{type(exc).__name__}: {exc}", None
+        if request is None:
             log.warning("acknowledging a malformed %s envelope: %s", req.type, problem)
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
             return
-        request = AsyncBoltRequest(mode="socket_mode", body=req.payload, headers=headers or None)
-        response = await self._app.async_dispatch(request)
+        response = await self._dispatch(request)
+        if response is None:
+            log.warning("acknowledging a %s envelope the app could not handle (malformed payload)", req.type)
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
         if response.status == 404:
             log.debug("acknowledging an unhandled %s envelope", req.type)
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
             return
         await send_async_response(client, req, response, started)
 
+    async def _dispatch(self, request: AsyncBoltRequest) -> BoltResponse | None:
+        """Bolt's answer, or None when bolt failed on the payload itself (it answers 500, or even raises from
+        its error handling): acknowledge, a redelivery would fail the same way. When our own listener failed
+        (nothing committed), bolt's 500 stands, so Slack redelivers."""
+        assert self._app is not None
+        failures: list[BaseException] = []
+        token = _LISTENER_FAILURES.set(failures)
+        try:
+            response = await self._app.async_dispatch(request)
+        except Exception as exc:
+            if failures:
+                raise
+            log.warning("Slack: a payload bolt could not handle: %s: %s", type(exc).__name__, exc)
+            return None
+        finally:
+            _LISTENER_FAILURES.reset(token)
+        if response.status >= 500 and not failures:
+            return None
+        return response
+
     # --- HTTP Events API ----------------------------------------------------------------------------------------
 
     async def _start_http(self) -> None:
-        web_app = web.Application(client_max_size=4 * 1024 * 1024)
+        web_app = web.Application(client_max_size=self.options.max_body)
         web_app.router.add_post(self.options.path, self._on_http_request)
         runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -446,50 +480,92 @@ class SlackAdapter:
         log.info("Slack: listening for events on %s", self.url)
 
     async def _on_http_request(self, request: web.Request) -> web.StreamResponse:
-        """Verify the signature first (401, nothing looked at), then decode (400), then bolt.
+        """Signature headers first (401, the body unread), size (413), the HMAC over the bytes read (401), then
+        decode (400 + `X-Slack-No-Retry`), then the shape (200, dropped), then bolt.
 
         An undecodable body that carries a valid signature gets 400 with `X-Slack-No-Retry: 1`: it is not UTF-8
         JSON or form data, so there is nothing to store, and the same bytes would fail again on every retry.
-        A decodable payload with a broken event is acknowledged by the listener (logged), since a retry of it
-        cannot succeed either."""
+        A decodable payload with a broken event is acknowledged (logged), since a retry of it cannot succeed
+        either."""
         assert self._app is not None and self._secrets.signing_secret is not None
-        raw = await request.read()
-        if not signature_valid(
-            self._secrets.signing_secret,
-            raw,
-            request.headers.get("X-Slack-Request-Timestamp"),
-            request.headers.get("X-Slack-Signature"),
-            self._clock(),
-        ):
-            log.warning(
-                "rejected a request with a missing, stale or invalid signature from %s", request.remote
-            )
-            return web.Response(status=401, text="invalid signature")
+        timestamp = request.headers.get("X-Slack-Request-Timestamp")
+        signature = request.headers.get("X-Slack-Signature")
+        if not signature_headers_acceptable(timestamp, signature, self._clock()):
+            return self._unsigned(request)
         if self._stopping:
             return web.Response(status=503, text="stopping")
+        limit = self.options.max_body
+        declared = request.content_length
+        try:
+            raw = None if declared is not None and declared > limit else await self._read_body(request, limit)
+        except TimeoutError:
+            log.warning("refused a request whose body did not arrive within %gs", BODY_TIMEOUT)
+            return _closing(web.Response(status=408, text="body too slow"))
+        if raw is None:
+            log.warning(
+                "refused a request body over %d bytes (declared %s) from %s", limit, declared, request.remote
+            )
+            return _closing(
+                web.Response(status=413, text="body too large", headers={"X-Slack-No-Retry": "1"})
+            )
+        if not signature_valid(self._secrets.signing_secret, raw, timestamp, signature, self._clock()):
+            return self._unsigned(request)
         headers: dict[str, str | Sequence[str]] = {}
         for key, value in request.headers.items():
             previous = headers.get(key.lower())
             headers[key.lower()] = [value] if previous is None else [*previous, value]
         try:
-            bolt_request = AsyncBoltRequest(
-                body=raw.decode("utf-8"),
-                query=request.query_string,
-                headers=dict(headers),
-            )
-        except ValueError as exc:  # UnicodeDecodeError, json.JSONDecodeError
+            body = decode_body(raw, request.content_type)
+        except ValueError as exc:  # UnicodeDecodeError, json.JSONDecodeError, PayloadTooDeep
             log.warning("rejected a signed but undecodable request body (%d bytes): %s", len(raw), exc)
             return web.Response(status=400, text="malformed body", headers={"X-Slack-No-Retry": "1"})
-        problem = malformed(bolt_request.body)
+        problem = malformed(body)
+        if problem is None:
+            try:
+                bolt_request = AsyncBoltRequest(
+                    body=json.dumps(body), query=request.query_string, headers=dict(headers)
+                )
+            except Exception as exc:  # bolt reads the team, user and enterprise out of the payload
+                problem = f"{type(exc).__name__}: {exc}"
         if problem is not None:
             log.warning("acknowledging a malformed request: %s", problem)
             return web.Response(status=200)
-        response = await self._app.async_dispatch(bolt_request)
+        response = await self._dispatch(bolt_request)
+        if response is None:
+            log.warning("acknowledging a request the app could not handle (malformed payload)")
+            return web.Response(status=200)
         if response.status == 404:
             log.debug("acknowledging an unhandled request")
             return web.Response(status=200)
         result: web.Response = await to_aiohttp_response(response)
         return result
+
+    def _unsigned(self, request: web.Request) -> web.Response:
+        log.warning("rejected a request with a missing, stale or invalid signature from %s", request.remote)
+        return _closing(web.Response(status=401, text="invalid signature"))
+
+    async def _read_body(self, request: web.Request, limit: int) -> bytes | None:
+        """The body, or None once it passes `limit` bytes (never more than that is held)."""
+        chunks: list[bytes] = []
+        size = 0
+        async with asyncio.timeout(BODY_TIMEOUT):
+            while chunk := await request.content.read(64 * 1024):
+                size += len(chunk)
+                if size > limit:
+                    return None
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A payload field that should be an object, or {} when it is anything else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _closing(response: web.Response) -> web.Response:
+    """Close the connection after answering: the body left unread is discarded with it, not drained."""
+    response.force_close()
+    return response
 
 
 def create(options: Mapping[str, Any], env: Mapping[str, str]) -> SlackAdapter:

@@ -31,6 +31,11 @@ class SlackOptions(BaseModel):
     """HTTP mode: port to listen on (0: any free port; see `SlackAdapter.url`)."""
     path: str = Field(default="/slack/events", pattern=r"^/")
     """HTTP mode: the Request URL path for events and interactivity."""
+    max_body: int = Field(default=512 * 1024, ge=16 * 1024, le=4 * 1024 * 1024)
+    """HTTP mode: largest request body read, in bytes. A message event carries at most 40,000 characters of
+    text (twice, with its rich-text blocks); a larger body is refused (413, `X-Slack-No-Retry: 1`) before it
+    is read, and an unsigned one is refused (401) on its headers alone, so no request can make the bot buffer
+    more than this."""
     max_chars: int = Field(default=3500, ge=100, le=12_000)
     """Longest message part. Slack truncates `text` past 40,000 characters, recommends under 4,000, and takes
     at most 12,000 characters of `markdown_text` per call: 3,500 leaves room for markdown expansion."""

@@ -43,6 +43,8 @@ def human_message(
     if not isinstance(event, dict):
         raise MalformedEvent(f"event is {type(event).__name__}, not an object")
     subtype = event.get("subtype")
+    if subtype is not None and not isinstance(subtype, str):
+        raise MalformedEvent(f"message subtype is {type(subtype).__name__}, not a string")
     if event.get("hidden") or (subtype is not None and subtype not in HUMAN_SUBTYPES):
         return None
     if event.get("bot_id") or event.get("bot_profile"):

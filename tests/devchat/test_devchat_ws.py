@@ -12,10 +12,9 @@ import pytest
 
 from adapters.bridge import IncomingMessage, MessageDoc, Place
 from adapters.devchat import ChatStore
+from adapters.devchat.adapter import workspace_of
 
 from .support import Rig, final_bot, message_events
-
-GENERAL = Place("devchat", "local", "general")
 
 
 def post(client_id: str, text: str, *, name: str = "alice", channel: str = "general") -> dict[str, Any]:
@@ -55,7 +54,8 @@ async def test_post_is_committed_before_the_ack_and_the_answer_streams_into_one_
     assert [(m["id"], m["author"], m["text"]) for m in stored] == [
         (ack["message_id"], "alice", "@bot hello there")
     ]
-    assert await rig.harness.snapshot(MessageDoc, key=GENERAL.message_key(str(ack["message_id"]))) is not None
+    general = rig.adapter.transport.place("general", None)  # type: ignore[union-attr]
+    assert await rig.harness.snapshot(MessageDoc, key=general.message_key(str(ack["message_id"]))) is not None
     await page.until(final_bot("answer to alice: @bot hello there"))
     bot_states = [m for f in page.frames for m in message_events(f) if m["kind"] == "bot"]
     assert len({m["id"] for m in bot_states}) == 1  # one message, edited as the answer streamed
@@ -234,8 +234,11 @@ async def test_an_adapter_attached_after_the_bridge_started_delivers_replies_lef
     rig = await rig_factory()
     await rig.bridge.start()
     rig.harness.resume()
+    store = await ChatStore.open(rig.store_path)  # the place of a message there names the store
+    general = Place("devchat", workspace_of("local", store.store_id), "general")
+    await store.close()
     # Answered while devchat was not attached (the reply worker found no transport for the platform).
-    await rig.bridge.intake(IncomingMessage(GENERAL, "1", "alice", "alice", "@bot early", mentions_bot=True))
+    await rig.bridge.intake(IncomingMessage(general, "1", "alice", "alice", "@bot early", mentions_bot=True))
     await rig.harness.wait_for_idle()
     await rig.bridge.delivery.idle()
     await rig.start_adapter()
