@@ -10,6 +10,7 @@ from adapters.bridge.intake import IntakeResult
 from adapters.bridge.model import (
     BridgeConfig,
     ChannelPolicy,
+    DeleteRefused,
     EditExpired,
     IncomingMessage,
     MessageGone,
@@ -27,6 +28,7 @@ __all__ = [
     "BridgeConfig",
     "ChannelPolicy",
     "Decision",
+    "DeleteRefused",
     "EditExpired",
     "GateView",
     "IncomingMessage",

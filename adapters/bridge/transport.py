@@ -1,4 +1,4 @@
-"""What a platform adapter implements for the bridge: post and edit messages (with a durable key the
+"""What a platform adapter implements for the bridge: post, edit and delete messages (with a durable key the
 platform can echo back for reconciliation), render approval requests, read history for catch-up."""
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ class Transport(Protocol):
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
         """Replace the text of a message this bot posted."""
+        ...
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        """Remove a message this bot posted (a reply part the final text no longer needs). A message that is
+        already gone is not an error (the delete may be repeated after a crash); raise `DeleteRefused` when the
+        platform will not delete it (the bridge then edits it to nothing visible)."""
         ...
 
     async def find(self, target: Place, key: str) -> str | None:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.bridge import (
+    DeleteRefused,
     EditExpired,
     GateView,
     IncomingMessage,
@@ -300,6 +301,23 @@ class SlackTransport:
             if exc.error == "edit_window_closed":
                 raise EditExpired(str(exc)) from None
             raise
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        self._check_open()
+        self._streams.pop(message_id, None)  # a deleted message ends its stream too
+        try:
+            await call(
+                "chat.delete", self.client.chat_delete(channel=target.channel, ts=message_id), self.governor
+            )
+        except SlackCallError as exc:
+            if exc.error == "message_not_found":
+                return  # deleted already (a repeat after a crash)
+            if exc.error == "cant_delete_message":
+                raise DeleteRefused(str(exc)) from None
+            raise
+        except SlackPermanentError as exc:
+            raise DeleteRefused(str(exc)) from None
+        self._plain.discard(message_id)
 
     # --- reconciliation -----------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters.bridge import GateView, MessageGone, Place
+from adapters.bridge import DeleteRefused, GateView, MessageGone, Place
 from adapters.devchat import ChatStore, DevchatConfigError, DevchatTransport, StoreLocked, create
 from adapters.devchat.transport import mentions
 
@@ -167,3 +167,19 @@ def test_create_validates_options_and_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(DevchatConfigError, match=r"adapters\.devchat\.host: '0\.0\.0\.0' is not a loopback"):
         create({"host": "0.0.0.0"}, {})
     assert create({"host": "0.0.0.0", "allow_remote": True}, {}).options.host == "0.0.0.0"
+
+
+async def test_delete_removes_a_part_repeats_harmlessly_and_refuses_a_thread_parent(store: ChatStore) -> None:
+    chat = transport(store)
+    seen: list[list[dict[str, Any]]] = []
+    store.listeners.append(seen.append)
+    extra = await chat.create(GENERAL, "old tail", "reply:7#1")
+    await chat.delete(GENERAL, extra, "reply:7#1")
+    await chat.delete(GENERAL, extra, "reply:7#1")  # again after a crash: already gone is no error
+    assert await store.message(int(extra)) is None
+    assert await chat.find(GENERAL, "reply:7#1") is None
+    assert [e["type"] for batch in seen for e in batch] == ["message", "deleted"]  # the page drops it
+    parent = await chat.create(GENERAL, "answered in a thread", "reply:8#1")
+    await store.add_human("general", int(parent), author="alice", text="about this", client_id="c1")
+    with pytest.raises(DeleteRefused):  # the bridge blanks it instead: the thread stays readable
+        await chat.delete(GENERAL, parent, "reply:8#1")

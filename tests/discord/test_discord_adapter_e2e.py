@@ -311,3 +311,30 @@ async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_resta
     assert [m.content for m in world.answers()] == ["re Alice: hello", "re Bobby: anyone there?"]
     assert [m.content for m in world.answers(thread) if m.type.value == 0] == [seen.content]
     assert len(fake.sessions) == 3 and all(s.resumes == 0 for s in fake.sessions)
+
+
+async def test_leftover_parts_after_a_tool_call_are_deleted_even_across_a_sigkill_at_the_delete(
+    fake: FakeDiscord, world: World, bots: Bots, tmp_path: Path
+) -> None:
+    # The model streams ~2,900 characters (two messages), calls a tool, then answers briefly: the second
+    # message must go. The process dies when Discord applied that DELETE, before anything was recorded.
+    first = await bots.launch(chunk_size=100, delay_ms=20)
+    await first.ready()
+    await fake.user_sends(world.general, world.alice, "look it up")
+    await fake.wait_for(lambda: len(world.answers()) == 2, timeout=30, what="a partial in two messages")
+    await fake.wait_for(
+        lambda: "running `lookup`" in world.answers()[0].content, timeout=30, what="the tool running"
+    )
+    first_part, second_part = world.answers()
+    fake.kill_on("DELETE", MESSAGE_ROUTE, first.pid)
+    (tmp_path / "release").touch()
+    assert await first.wait() == -9
+    assert [m.id for m in world.answers()] == [first_part.id]  # the delete went through, unrecorded
+
+    second = await bots.start(chunk_size=100, delay_ms=20)
+    await wait_text(fake, world.general, "Short final answer.")
+    await second.wait_event("delivered")
+    assert [(m.id, m.content) for m in world.answers()] == [(first_part.id, "Short final answer.")]
+    deletes = fake.calls("DELETE", MESSAGE_ROUTE)
+    assert {d.path.rsplit("/", 1)[-1] for d in deletes} == {str(second_part.id)}
+    assert [d.status for d in deletes][-1] == 404  # repeated after the restart: already gone, not an error

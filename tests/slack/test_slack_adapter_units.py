@@ -15,7 +15,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
-from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, RetryLater
+from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place, RateGovernor, RetryLater
 from adapters.bridge.text import render_partial
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
@@ -171,6 +171,24 @@ async def test_platform_errors_become_the_bridges_errors(fake: FakeSlack, client
         7, "deploy", {"service": "api"}, "UALICE", "alice", "approved", "boss", 1_700_000_000_000, 0
     )
     await transport.update_approval(channel, ts, gate)  # gone: nothing to show it on, and no endless retry
+
+
+async def test_delete_removes_a_part_repeats_harmlessly_and_reports_a_refusal(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    ts = await transport.create(channel, "old tail", "reply:1#1")
+    await transport.delete(channel, ts, "reply:1#1")
+    assert fake.message(general, ts).deleted
+    await transport.delete(channel, ts, "reply:1#1")  # repeated after a crash: already gone is no error
+    assert await transport.find(channel, "reply:1#1") is None
+    theirs = fake.seed_message(general, "not ours", user=alice)
+    with pytest.raises(DeleteRefused):  # the bridge blanks such a part instead
+        await transport.delete(channel, theirs.ts, "reply:1#2")
+    assert len(fake.calls_to("chat.delete")) == 3
 
 
 class _Requests:
