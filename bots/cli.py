@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from adapters.redact import install_log_redaction
 from bots.config import BotConfig, ConfigError, load_config
 from bots.operator import (
     approvals_command,
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(level: str) -> None:
+    install_log_redaction()  # no URL credentials, query values or tokens in any log line, at any level
     logging.basicConfig(
         level=getattr(logging, level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -110,7 +112,10 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        # 0600 like every file the bot writes: a transcript is as private as the storage it comes from.
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "w", encoding="utf-8") as handle:
             code, written = asyncio.run(export_command(config, dict(os.environ), handle, args.conversation))
         tmp.replace(target)
     finally:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from adapters.redact import redact_url
 from bots.config import BotConfig, Problem
 from bots.ops import place_label
 from bots.runtime import (
@@ -454,7 +455,7 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     webhook = env.get("DEPLOY_WEBHOOK_URL") or config.deploy.webhook_url
     _say(
         out,
-        f"  deploy: webhook {webhook}"
+        f"  deploy: webhook {redact_url(webhook)}"
         if webhook
         else f"  deploy: no webhook; deploys are recorded in {config.deploy_record_path}",
     )

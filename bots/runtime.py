@@ -27,6 +27,7 @@ import httpx
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
+from adapters.redact import install_log_redaction, redact_url
 from bots.config import OPS_TOOLS, BotConfig, Problem
 from bots.demo import demo_delay, demo_provider
 from bots.ops import OpsContext, history_extension, ops_extension
@@ -410,6 +411,7 @@ async def run_bot(
     """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
     then the harness closes (running work is signalled and joined; nothing counts as a crash)."""
     console = console or Console()
+    install_log_redaction()
     names = adapter_names(config, requested)
     factories = {name: adapter_factory(config, name) for name in names}
     adapters: list[tuple[Adapter, dict[str, Any]]] = []
@@ -458,7 +460,7 @@ async def run_bot(
             started.append(adapter)
             url = adapter_url(adapter, options)
             if url is not None:
-                console.say(f"{adapter.name}: {url}")
+                console.say(f"{adapter.name}: {redact_url(url)}")
         runtime.harness.resume()
         freeze_startup_heap()
         inspection = await runtime.harness.inspect()

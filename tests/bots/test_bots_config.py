@@ -184,3 +184,18 @@ def test_shipped_configs_are_valid(name: str, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert "OK" in capsys.readouterr().out
+
+
+def test_check_config_never_prints_webhook_credentials_or_query(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Procfile's release phase runs check-config: whatever it prints lands in deploy logs.
+    monkeypatch.setenv(
+        "DEPLOY_WEBHOOK_URL", "https://deployer:hunter2@deploy.example/hook?token=s3cret&env=prod"
+    )
+    path = tmp_path / "bot.toml"
+    path.write_text('[approvals]\napprovers = ["lead"]\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "deploy: webhook https://***@deploy.example/hook?token=***&env=***" in out
+    assert "hunter2" not in out and "s3cret" not in out and "deployer" not in out

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.base import Adapter
 from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place, RateGovernor, RetryLater
 from adapters.bridge.text import render_partial
+from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
 from adapters.slack.blocks import approval_blocks, parse_action
@@ -302,6 +304,7 @@ def test_approval_blocks_encode_the_gate_and_show_the_decision() -> None:
 async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_running(
     fake: FakeSlack, caplog: pytest.LogCaptureFixture
 ) -> None:
+    install_log_redaction()  # what the bots runtime does before anything logs
     caplog.set_level(logging.DEBUG)
     general = fake.add_channel("general")
     alice = fake.add_user("UALICE", name="alice")
@@ -331,6 +334,9 @@ async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_runn
     assert logged  # debug logging was on
     for secret in (fake.bot_token, fake.app_token, fake.signing_secret):
         assert secret not in logged
+    # slack-sdk logs the Socket Mode URL at DEBUG; its ticket opens a connection: masked.
+    assert "/link/?ticket=***&app_id=***" in logged
+    assert re.search(r"ticket=(?!\*\*\*)", logged) is None
 
 
 async def test_a_refused_app_token_fails_the_start_loudly_instead_of_retrying_forever(
