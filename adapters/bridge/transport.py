@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from adapters.bridge.model import IncomingMessage, Place
+from adapters.bridge.text import neutralize_bidi, neutralize_value
 
 
 @dataclass(frozen=True)
 class GateView:
-    """An approval request as the platform shows it."""
+    """An approval request as the platform shows it (bidi controls in names and arguments made visible)."""
 
     gate_id: int
     tool: str
@@ -22,6 +23,15 @@ class GateView:
     decided_by: str | None
     decided_at: int | None
     expires_at: int
+
+    def __post_init__(self) -> None:
+        # Everything a card shows of the call and the people, with bidi controls made visible (every platform
+        # renders from this view, so none can forget).
+        for name in ("tool", "requester_name", "decided_by"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, neutralize_bidi(value))
+        object.__setattr__(self, "arguments", neutralize_value(self.arguments))
 
 
 @runtime_checkable

@@ -57,6 +57,7 @@ from adapters.slack.blocks import approval_blocks, fallback_text
 from adapters.slack.config import SlackOptions
 from adapters.slack.directory import Directory
 from adapters.slack.events import HumanMessage, MalformedEvent, human_message
+from adapters.slack.safe_text import slack_text
 
 if TYPE_CHECKING:
     from adapters.bridge import Bridge
@@ -168,6 +169,7 @@ class SlackTransport:
         self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
     ) -> str:
         self._check_open()
+        text = slack_text(text)  # shown, never interpreted: no broadcast, no mention, no markup from answers
         # Only a reply the model is still writing streams (a final text is one chat.postMessage). Streaming
         # into a channel (not a DM) needs the recipient: the asker.
         if self.options.stream and not self._stream_refused and target.thread is not None and not final:
@@ -214,6 +216,7 @@ class SlackTransport:
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
         self._check_open()
+        text = slack_text(text)
         stream = self._streams.get(message_id)
         if stream is not None:
             await self._edit_stream(target, message_id, stream, text, key, final=final)

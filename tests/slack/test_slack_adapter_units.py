@@ -21,7 +21,7 @@ from adapters.bridge.text import render_partial
 from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
-from adapters.slack.blocks import approval_blocks, parse_action
+from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
@@ -191,6 +191,25 @@ async def test_delete_removes_a_part_repeats_harmlessly_and_reports_a_refusal(
     with pytest.raises(DeleteRefused):  # the bridge blanks such a part instead
         await transport.delete(channel, theirs.ts, "reply:1#2")
     assert len(fake.calls_to("chat.delete")) == 3
+
+
+async def test_answer_text_never_mentions_or_broadcasts(fake: FakeSlack, client: AsyncWebClient) -> None:
+    general = fake.add_channel("general")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    quoted = "mallory said <!channel> <!here|here> <@U0BOSS> & @everyone: see <https://evil.test|docs>"
+    shown = (
+        "mallory said &lt;!channel&gt; &lt;!here|here&gt; &lt;@U0BOSS&gt; &amp; @\u2060everyone: "
+        "see &lt;https://evil.test|docs&gt;"
+    )
+    ts = await transport.create(channel, quoted, "reply:1#0", final=True)
+    assert fake.message(general, ts).text == shown
+    await transport.edit(channel, ts, quoted + " (edited)", "reply:1#0", final=True)
+    assert fake.message(general, ts).text == shown + " (edited)"
+    for call in fake.calls_to("chat.postMessage") + fake.calls_to("chat.update"):
+        assert "<!" not in str(call.args) and "<@" not in str(call.args)
+    gate = GateView(7, "deploy", {"note": "<!channel>"}, None, "<!everyone> eve", "pending", None, None, 0)
+    assert "<!" not in fallback_text(gate) and "<!" not in str(approval_blocks(gate))
 
 
 class _Requests:
