@@ -24,8 +24,9 @@ not streamed by this process is such an orphan; it is adopted for the key and st
 crash or a concurrent lookup finds it by metadata instead. The restarted bridge then edits it with
 `chat.update`: no second message.
 
-A message this process did not create (posted before a restart) may be a stream a crash left open, so its
-first edit in this process stops any stream on it (with the key) before the `chat.update`.
+A thread reply this process did not create (posted before a restart) may be a stream a crash left open, so its
+first edit in this process stops any stream on it (with the key) before the `chat.update`. A top-level message
+never streamed, so it is updated straight away.
 """
 
 from __future__ import annotations
@@ -223,8 +224,10 @@ class SlackTransport:
             return
         if message_id not in self._plain:
             # Posted before this process started (or a stream call's outcome is unknown): a stream may still
-            # be open on it. Stop it, stamping the key, then replace the text.
-            await self._end_stream(target.channel, message_id, key)
+            # be open on it. Stop it, stamping the key, then replace the text. Only thread replies ever stream
+            # (and only with streaming on): stopping anything else would be a wasted, rate-limited call.
+            if target.thread is not None and self.options.stream:
+                await self._end_stream(target.channel, message_id, key)
             self._plain.add(message_id)
         await self._update(target, message_id, text, key)
         if final:

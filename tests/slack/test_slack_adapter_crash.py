@@ -193,7 +193,7 @@ async def test_sigkill_after_post_before_the_outbox_record_is_reconciled_not_rep
     [stored] = replies_of_bot(fake, general)  # on Slack, but the bridge never learned its ts
 
     bot = await bots.start()
-    final = f"answer to Bob: <@{fake.bot_user_id}> what changed today?"
+    final = f"answer to Bob: &lt;@{fake.bot_user_id}&gt; what changed today?"  # quoted, never a mention
     await fake.wait_for(lambda: fake.message(general, stored.ts).text.startswith(final), 10)
     await bot.stop()
     assert [m.ts for m in replies_of_bot(fake, general)] == [stored.ts]

@@ -212,6 +212,26 @@ async def test_answer_text_never_mentions_or_broadcasts(fake: FakeSlack, client:
     assert "<!" not in fallback_text(gate) and "<!" not in str(approval_blocks(gate))
 
 
+async def test_after_a_restart_a_top_level_message_is_updated_without_a_stop_stream_first(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    parent = fake.seed_message(general, "a question", user=alice)
+    channel = Place("slack", fake.team_id, general.id)
+    thread = channel.in_thread(parent.ts)
+    before = transport_for(fake, client)
+    top = await before.create(channel, "partial …", "reply:1#0")
+    inside = await before.create(thread, "partial …", "reply:2#0")
+    after = transport_for(fake, client)  # the restarted process knows neither message
+    await after.edit(channel, top, "final", "reply:1#0", final=True)
+    assert [c.method for c in fake.calls if c.method.startswith("chat.")][-1:] == ["chat.update"]
+    assert fake.calls_to("chat.stopStream") == []  # only thread replies ever stream
+    await after.edit(thread, inside, "final", "reply:2#0", final=True)
+    assert len(fake.calls_to("chat.stopStream")) == 1  # a thread reply may be a stream a crash left open
+    assert fake.message(general, top).text == "final"
+
+
 class _Requests:
     """A bridge stand-in for `SlackTransport`: the reply of submission 1 is in progress, asked by alice."""
 
