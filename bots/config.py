@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -98,8 +98,8 @@ class ToolsSection(_Section):
 
 class ApprovalsSection(_Section):
     tools: list[str] = Field(default_factory=lambda: ["deploy"])
-    approvers: list[str] = Field(default_factory=list)  # platform user ids (devchat: display names)
-    groups: list[str] = Field(default_factory=list)  # Slack user group ids / Discord role ids
+    approvers: list[str] = Field(default_factory=list)  # "slack:U…", "discord:<id>", "devchat:<name>"
+    groups: list[str] = Field(default_factory=list)  # "slack:S…" user groups, "discord:<role id>"
     expires_minutes: float = Field(default=60.0, gt=0)
     allow_self_approval: bool = False
 
@@ -359,8 +359,42 @@ def _cross_checks(config: BotConfig) -> list[Problem]:
                 "or groups/roles in approvals.groups (or set approvals.tools = [])",
             )
         )
+    running = [name for name in config.adapters if config.adapter_enabled(name)]
+    problems.extend(approver_problems(config, running))
     if config.answer.mode == "none" and not config.answer.dms and not config.channels:
         problems.append(config.problem(("answer", "mode"), "the bot would never answer anything"))
+    return problems
+
+
+KNOWN_PLATFORMS = ("slack", "discord", "devchat")
+
+
+def approver_problems(config: BotConfig, running: Sequence[str]) -> list[Problem]:
+    """Approver and group entries are `platform:id` (`slack:U0LEAD`, `discord:1234`, `devchat:lead`). A bare id
+    is accepted while one adapter runs; with several it is ambiguous (a devchat user can type any name, so a
+    bare Slack id would let them approve), and so is an unknown platform prefix."""
+    problems: list[Problem] = []
+    platforms = sorted({*KNOWN_PLATFORMS, *config.adapters})
+    for field_name in ("approvers", "groups"):
+        for index, entry in enumerate(getattr(config.approvals, field_name)):
+            platform, colon, rest = entry.partition(":")
+            loc: tuple[str | int, ...] = ("approvals", field_name, index)
+            if colon and rest and platform.isidentifier() and platform.islower():
+                if platform not in platforms:
+                    problems.append(
+                        config.problem(
+                            loc,
+                            f"unknown platform {platform!r} in {entry!r}; use one of {', '.join(platforms)}",
+                        )
+                    )
+            elif len(running) > 1:
+                problems.append(
+                    config.problem(
+                        loc,
+                        f"{entry!r} is ambiguous with several adapters ({', '.join(running)}): write it as "
+                        f"'<platform>:{entry}', e.g. '{running[0]}:{entry}'",
+                    )
+                )
     return problems
 
 

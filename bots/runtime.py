@@ -28,7 +28,7 @@ from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
 from adapters.redact import install_log_redaction, redact_url
-from bots.config import OPS_TOOLS, BotConfig, Problem
+from bots.config import OPS_TOOLS, BotConfig, Problem, approver_problems
 from bots.demo import demo_delay, demo_provider
 from bots.ops import OpsContext, history_extension, ops_extension
 from harness_core import (
@@ -413,6 +413,9 @@ async def run_bot(
     console = console or Console()
     install_log_redaction()
     names = adapter_names(config, requested)
+    ambiguous = approver_problems(config, names)  # `--adapter` may run more adapters than the config enables
+    if ambiguous:
+        raise BotError("; ".join(str(problem) for problem in ambiguous))
     factories = {name: adapter_factory(config, name) for name in names}
     adapters: list[tuple[Adapter, dict[str, Any]]] = []
     for name in names:

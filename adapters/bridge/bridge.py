@@ -93,9 +93,17 @@ class Bridge:
         user_name: str,
         approve: bool,
         user_groups: Collection[str] | None = None,
+        platform: str | None = None,
     ) -> Decision:
+        """A click on an approval request by `user_id` of `platform` (the adapter's platform name; approver
+        entries like `slack:U0LEAD` match only there)."""
         return await self.approvals.decide(
-            gate_id, user_id=user_id, user_name=user_name, approve=approve, user_groups=user_groups
+            gate_id,
+            user_id=user_id,
+            user_name=user_name,
+            approve=approve,
+            user_groups=user_groups,
+            platform=platform,
         )
 
     async def recorded_message_ids(self) -> set[str]:

@@ -43,7 +43,10 @@ class DevchatOptions(BaseModel):
     keep_events: int = Field(10_000, ge=100)
     """Events kept in the log for reconnecting clients; a client further behind gets a snapshot."""
     allow_remote: bool = False
-    """Required to bind a non-loopback host (devchat has no authentication)."""
+    """Required to bind a non-loopback host (devchat has no authentication); then DEVCHAT_TOKEN is required."""
+    all_platforms: bool = False
+    """Show (and allow retrying) tasks and approval requests of every platform on the panel. Off: only those of
+    devchat's own conversations (a devchat user is a typed name, not an account of Slack or Discord)."""
 
     @field_validator("channels")
     @classmethod

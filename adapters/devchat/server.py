@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
-from adapters.devchat.transport import DevchatTransport
+from adapters.devchat.transport import PLATFORM, DevchatTransport
 from harness_core import HarnessError, Publication
 
 log = logging.getLogger("adapters.devchat")
@@ -351,7 +351,9 @@ class DevchatServer:
         if self.options.approvers is not None and name not in self.options.approvers:
             self._refuse(client, click.gate, REFUSALS["not_an_approver"].format(name=name))
             return
-        decision = await self.bridge.decide(click.gate, user_id=name, user_name=name, approve=click.approve)
+        decision = await self.bridge.decide(
+            click.gate, user_id=name, user_name=name, approve=click.approve, platform=PLATFORM
+        )
         if decision.accepted:
             verb = "approved" if click.approve else "denied"
             client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
@@ -377,6 +379,10 @@ class DevchatServer:
 
     async def _retry(self, client: Client, request: Retry) -> None:
         _name(request.name)
+        task = await self.bridge.harness.get_task(request.task)
+        if task is not None and not await self._shows(task.conversation_id):
+            client.send({"type": "notice", "level": "error", "text": "Retry refused: not a devchat task"})
+            return
         try:
             await self.bridge.harness.retry_task(request.task)
         except HarnessError as exc:
@@ -411,6 +417,14 @@ class DevchatServer:
                         client.send({"type": "panel", **panel})
             await asyncio.sleep(PANEL_MIN_GAP)
 
+    async def _shows(self, conversation_id: int) -> bool:
+        """Whether the panel shows (and may retry) work of this conversation: devchat's own, or every
+        platform's with `all_platforms`."""
+        if self.options.all_platforms:
+            return True
+        place = (await self.bridge.harness.snapshot(PlaceOfDoc, conversation_id) or {}).get("place") or {}
+        return bool(place.get("platform") == PLATFORM)
+
     async def _panel_now(self) -> dict[str, Any]:
         harness = self.bridge.harness
         inspection = await harness.inspect()
@@ -419,6 +433,8 @@ class DevchatServer:
         tasks = []
         for item in inspection.tasks:
             task = item.record
+            if not await self._shows(task.conversation_id):
+                continue
             if task.conversation_id not in places:
                 place_of = await harness.snapshot(PlaceOfDoc, task.conversation_id) or {}
                 places[task.conversation_id] = place_label(place_of.get("place"))
@@ -436,6 +452,9 @@ class DevchatServer:
             )
         approvals = []
         for key, gate in gates.items():
+            target = gate.get("target") or {}
+            if not self.options.all_platforms and target.get("platform") != PLATFORM:
+                continue
             approvals.append(
                 {
                     "gate": int(key),

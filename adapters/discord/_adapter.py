@@ -391,6 +391,7 @@ class DiscordAdapter:
                 user_name=user.display_name,
                 approve=approve,
                 user_groups=groups,
+                platform=PLATFORM,
             )
         except Exception:
             log.exception("discord: recording a click on gate %s failed", gate_id)

@@ -334,7 +334,7 @@ class SlackAdapter:
                 )
                 return
         decision = await bridge.decide(
-            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups
+            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups, platform="slack"
         )
         log.info(
             "Slack: %s clicked %s on gate %s: %s",

@@ -199,3 +199,29 @@ def test_check_config_never_prints_webhook_credentials_or_query(
     out = capsys.readouterr().out
     assert "deploy: webhook https://***@deploy.example/hook?token=***&env=***" in out
     assert "hunter2" not in out and "s3cret" not in out and "deployer" not in out
+
+
+def test_bare_approver_ids_are_refused_as_ambiguous_when_several_adapters_run() -> None:
+    several = '[approvals]\napprovers = ["lead", "slack:U0LEAD"]\ngroups = ["S1"]\n[adapters.slack]\n[adapters.devchat]\n'
+    assert problems(several) == [
+        "bot.toml:2: approvals.approvers[0]: 'lead' is ambiguous with several adapters (slack, devchat): write "
+        "it as '<platform>:lead', e.g. 'slack:lead'",
+        "bot.toml:3: approvals.groups[0]: 'S1' is ambiguous with several adapters (slack, devchat): write it as "
+        "'<platform>:S1', e.g. 'slack:S1'",
+    ]
+    one = parse_config('[approvals]\napprovers = ["lead"]\n[adapters.devchat]\n', "bot.toml")
+    assert one.approvals.approvers == ["lead"]  # one platform: a bare id is still accepted
+    (unknown,) = problems('[approvals]\napprovers = ["slak:U0LEAD"]\n')
+    assert unknown.startswith("bot.toml:2: approvals.approvers[0]: unknown platform 'slak' in 'slak:U0LEAD'")
+
+
+async def test_run_refuses_bare_approvers_when_adapter_flags_start_several(tmp_path: Path) -> None:
+    from bots.runtime import BotError, run_bot
+
+    config = parse_config(f'[storage]\npath = "{tmp_path / "x.sqlite"}"\n[approvals]\napprovers = ["lead"]\n')
+    with pytest.raises(BotError) as caught:
+        await run_bot(config, ["devchat", "slack"], {})
+    assert "approvals.approvers[0]: 'lead' is ambiguous with several adapters (devchat, slack)" in str(
+        caught.value
+    )
+    assert not (tmp_path / "x.sqlite").exists()
