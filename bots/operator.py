@@ -419,7 +419,8 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
             warnings.append(str(exc))
             continue
         try:
-            factory(config.adapter_options(name), env)  # validates the table; connects nothing
+            adapter = factory(config.adapter_options(name), env)  # validates the table; connects nothing
+            warnings.extend(f"{name}: {w}" for w in getattr(adapter, "warnings", ()))
         except Exception as exc:
             if env_problem(str(exc)):
                 warnings.append(f"{name}: {exc}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import PLATFORM, DevchatTransport
 from harness_core import HarnessError, Publication
 
+TOKEN_COOKIE = "devchat_token"
 log = logging.getLogger("adapters.devchat")
 
 STATIC = Path(__file__).with_name("static")
@@ -196,6 +198,15 @@ class DevchatServer:
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{request.host}":
             raise web.HTTPForbidden(text="cross-origin request refused")
+        if self.options.token is not None and request.path != "/healthz":
+            given = request.query.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+            if not hmac.compare_digest(given.encode(), self.options.token.encode()):
+                raise web.HTTPUnauthorized(text="devchat needs its access token: open /?token=<DEVCHAT_TOKEN>")
+            if request.path == "/" and "token" in request.query:
+                # Keep the token out of the address bar and history: a cookie carries it from here on.
+                redirect = web.HTTPSeeOther("/")
+                redirect.set_cookie(TOKEN_COOKIE, self.options.token, httponly=True, samesite="Strict")
+                raise redirect
         response: web.StreamResponse = await handler(request)
         response.headers.setdefault(
             "Content-Security-Policy",

@@ -225,3 +225,20 @@ async def test_run_refuses_bare_approvers_when_adapter_flags_start_several(tmp_p
         caught.value
     )
     assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_check_config_refuses_a_remote_devchat_without_a_token_and_warns_with_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DEVCHAT_TOKEN", raising=False)
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        '[approvals]\napprovers = ["lead"]\n[adapters.devchat]\nhost = "0.0.0.0"\nallow_remote = true\n'
+    )
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert "DEVCHAT_TOKEN" in capsys.readouterr().err
+    monkeypatch.setenv("DEVCHAT_TOKEN", "a-long-random-devchat-token")
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: devchat: devchat listens on 0.0.0.0" in out and "unauthenticated names" in out
+    assert "a-long-random-devchat-token" not in out

@@ -342,3 +342,30 @@ async def test_requests_from_other_origins_and_hosts_are_refused(rig: Rig) -> No
             assert response.status == 200
         async with http.get(rig.adapter.url + "static/..%2Fstore.py") as response:
             assert response.status in (403, 404)
+
+
+async def test_with_a_token_the_page_and_the_websocket_need_it(rig: Rig) -> None:
+    await rig.adapter.stop()
+    token = "t0k3n-for-devchat-tests"
+    adapter = await rig.start_adapter(env={"DEVCHAT_TOKEN": token})
+    url = adapter.url
+    async with aiohttp.ClientSession() as anonymous:
+        for path in ("", "?token=wrong-token-value", "static/app.js"):
+            async with anonymous.get(url + path, allow_redirects=False) as response:
+                assert response.status == 401, path
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await anonymous.ws_connect(url + "ws")
+        assert refused.value.status == 401
+        async with anonymous.get(url + "healthz") as response:
+            assert response.status == 200  # for supervisors; tells nothing about the chat
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:  # IP host
+        async with browser.get(url + f"?token={token}", allow_redirects=False) as response:
+            assert response.status == 303 and response.headers["Location"] == "/"
+            cookie = response.cookies["devchat_token"]
+            assert cookie.value == token and cookie["httponly"] and cookie["samesite"] == "Strict"
+        async with browser.get(url) as page:  # the cookie carries it from here on
+            assert page.status == 200 and "<html" in (await page.text()).lower()
+        ws = await browser.ws_connect(url + "ws")
+        await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+        assert (await ws.receive_json(timeout=10))["type"] == "snapshot"
+        await ws.close()
