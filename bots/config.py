@@ -402,11 +402,25 @@ def approver_problems(config: BotConfig, running: Sequence[str]) -> list[Problem
 
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials"}
 _SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("signing", "key")}
+# Searched anywhere inside a string value (a token pasted into `instructions` is as leaked as one in its own key).
 _SECRET_VALUES = (
-    (re.compile(r"^xox[abpr]-"), "a Slack token", "SLACK_BOT_TOKEN"),
-    (re.compile(r"^xapp-"), "a Slack app-level token", "SLACK_APP_TOKEN"),
-    (re.compile(r"^sk-ant-"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
-    (re.compile(r"^sk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
+    (re.compile(r"\bxox[a-z]\.xox[a-z]-[A-Za-z0-9-]+"), "a Slack refresh/user token", "SLACK_BOT_TOKEN"),
+    (re.compile(r"\bxox[abposer]-[A-Za-z0-9-]{6,}"), "a Slack token", "SLACK_BOT_TOKEN"),
+    (re.compile(r"\bxapp-[A-Za-z0-9-]{6,}"), "a Slack app-level token", "SLACK_APP_TOKEN"),
+    (re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/\S+"), "a Slack incoming-webhook URL", ""),
+    (
+        re.compile(r"\b[MNO][A-Za-z0-9_-]{22,27}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,45}\b"),
+        "a Discord bot token",
+        "DISCORD_BOT_TOKEN",
+    ),
+    (re.compile(r"\bsk-ant-[A-Za-z0-9_-]{8,}"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
+    (
+        re.compile(r"(?i)[?&](?:[a-z_]*token|[a-z_]*secret|key|api_?key|sig|signature|password|auth)=[^&\s#]+"),
+        "a URL carrying a credential in its query",
+        "",
+    ),
+    (re.compile(r"(?i)\bhttps?://[^/@\s:]+:[^/@\s]+@"), "a URL with a user:password", ""),
 )
 
 
@@ -465,14 +479,17 @@ def _secret_problems(
                 walk(item, path)
         elif isinstance(node, str):
             for pattern, what, env in _SECRET_VALUES:
-                if pattern.match(node.strip()):
+                if pattern.search(node):
+                    if not env and path[:1] == ("deploy",):
+                        env = "DEPLOY_WEBHOOK_URL (or DEPLOY_WEBHOOK_TOKEN, sent as a bearer token)"
+                    where = f"set {env} in the environment" if env else "keep it in an environment variable"
                     problems.append(
                         Problem(
                             file,
                             _line_for(lines, path),
                             _dotted(path),
-                            f"this value looks like {what}; secrets do not belong in the config file: set "
-                            f"{env} in the environment instead",
+                            f"this value looks like {what}; secrets do not belong in the config file: {where} "
+                            "instead",
                         )
                     )
                     break

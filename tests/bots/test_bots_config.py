@@ -242,3 +242,43 @@ def test_check_config_refuses_a_remote_devchat_without_a_token_and_warns_with_on
     out = capsys.readouterr().out
     assert "warning: devchat: devchat listens on 0.0.0.0" in out and "unauthenticated names" in out
     assert "a-long-random-devchat-token" not in out
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "what"),
+    [
+        (
+            '[bot]\ninstructions = "post with xoxb-1234-5678-abcdefgh please"\n',
+            "bot.instructions",
+            "a Slack token",
+        ),
+        ('[bot]\ninstructions = "refresh: xoxe.xoxp-1-Mi0yLTEyMzQ"\n', "bot.instructions", "a Slack refresh"),
+        (
+            '[bot]\ninstructions = "MTA1MjM0NTY3ODkwMTIzNDU2Nzg5.GaBcDe.abcdefghijklmnopqrstuvwxyz0123"\n',
+            "bot.instructions",
+            "a Discord bot token",
+        ),
+        (
+            '[deploy]\nwebhook_url = "https://deploy.example/hook?token=abc123"\n',
+            "deploy.webhook_url",
+            "a URL carrying a credential in its query",
+        ),
+        (
+            '[adapters.devchat]\nnote = "https://hooks.slack.com/services/T0/B0/XXXXXXXX"\n',
+            "adapters.devchat.note",
+            "a Slack incoming-webhook URL",
+        ),
+    ],
+)
+def test_secrets_inside_values_are_found(toml: str, key: str, what: str) -> None:
+    found = problems(toml + "[approvals]\ntools = []\n")
+    assert any(p.startswith(f"bot.toml:2: {key}: this value looks like {what}") for p in found), found
+    assert all("abc123" not in p and "XXXXXXXX" not in p for p in found)  # the secret is not repeated
+
+
+def test_ordinary_text_and_urls_are_not_secrets() -> None:
+    config = parse_config(
+        '[bot]\ninstructions = "Check https://status.example/?page=2 and the sk-learn docs; token counts matter."\n'
+        '[deploy]\nwebhook_url = "https://deploy.example/hooks/deploy?env=prod"\n[approvals]\ntools = []\n'
+    )
+    assert config.deploy.webhook_url == "https://deploy.example/hooks/deploy?env=prod"
