@@ -407,7 +407,11 @@ _SECRET_VALUES = (
     (re.compile(r"\bxox[a-z]\.xox[a-z]-[A-Za-z0-9-]+"), "a Slack refresh/user token", "SLACK_BOT_TOKEN"),
     (re.compile(r"\bxox[abposer]-[A-Za-z0-9-]{6,}"), "a Slack token", "SLACK_BOT_TOKEN"),
     (re.compile(r"\bxapp-[A-Za-z0-9-]{6,}"), "a Slack app-level token", "SLACK_APP_TOKEN"),
-    (re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/\S+"), "a Slack incoming-webhook URL", ""),
+    (
+        re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/\S+"),
+        "a Slack incoming-webhook URL",
+        "",
+    ),
     (
         re.compile(r"\b[MNO][A-Za-z0-9_-]{22,27}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,45}\b"),
         "a Discord bot token",
@@ -416,7 +420,9 @@ _SECRET_VALUES = (
     (re.compile(r"\bsk-ant-[A-Za-z0-9_-]{8,}"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
     (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
     (
-        re.compile(r"(?i)[?&](?:[a-z_]*token|[a-z_]*secret|key|api_?key|sig|signature|password|auth)=[^&\s#]+"),
+        re.compile(
+            r"(?i)[?&](?:[a-z_]*token|[a-z_]*secret|key|api_?key|sig|signature|password|auth)=[^&\s#]+"
+        ),
         "a URL carrying a credential in its query",
         "",
     ),

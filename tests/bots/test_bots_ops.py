@@ -142,6 +142,33 @@ def test_search_logs_reads_the_configured_logs() -> None:
     assert search_log_files(LOGS / "missing", "x", 50).is_error
 
 
+def test_tool_errors_name_the_config_key_and_leave_the_path_to_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = tmp_path / "srv" / "secret-layout" / "logs"
+    result = search_log_files(missing, "x", 50)
+    assert result.is_error and "logs.path" in str(result.content)
+    assert str(tmp_path) not in str(result.content) and "secret-layout" not in str(result.content)
+    assert str(missing) in caplog.text  # the operator still learns which path
+
+
+async def test_a_tool_that_cannot_write_its_file_says_which_setting_not_which_path(
+    tmp_path: Path, start_bot: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory should be")
+    config = config_for(tmp_path, f'[deploy]\nrecord_path = "{blocked / "deploys.jsonl"}"\n')
+    bot = await start_bot(config)
+    await bot.say("100.1", "deploy checkout 1.4.3")
+    gate_id, _ = await bot.next_gate()
+    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+    await bot.settle()
+    answers = "\n".join(bot.answers())
+    assert "Could not write the local deploy record (deploy.record_path)" in answers
+    assert str(tmp_path) not in answers
+    assert str(blocked / "deploys.jsonl") in caplog.text
+
+
 def test_open_ticket_is_keyed_by_its_normalized_title(tmp_path: Path) -> None:
     path = tmp_path / "tickets.json"
     first, created = tracker_open(path, "NPE in OrderService", "body", ticket_key("NPE in OrderService"), {})
