@@ -461,6 +461,9 @@ async def run_bot(
                 log.exception("adapter %s failed to start", adapter.name)
                 raise BotError(f"adapter {adapter.name!r} failed to start: {exc}") from None
             started.append(adapter)
+            summary = getattr(adapter, "catch_up_summary", None)  # "stopping for maintenance loses nothing"
+            if isinstance(summary, str) and summary:
+                console.say(f"{adapter.name}: {summary}")
             url = adapter_url(adapter, options)
             if url is not None:
                 console.say(f"{adapter.name}: {redact_url(url)}")

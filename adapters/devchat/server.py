@@ -201,7 +201,9 @@ class DevchatServer:
         if self.options.token is not None and request.path != "/healthz":
             given = request.query.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
             if not hmac.compare_digest(given.encode(), self.options.token.encode()):
-                raise web.HTTPUnauthorized(text="devchat needs its access token: open /?token=<DEVCHAT_TOKEN>")
+                raise web.HTTPUnauthorized(
+                    text="devchat needs its access token: open /?token=<DEVCHAT_TOKEN>"
+                )
             if request.path == "/" and "token" in request.query:
                 # Keep the token out of the address bar and history: a cookie carries it from here on.
                 redirect = web.HTTPSeeOther("/")

@@ -36,7 +36,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError
+from adapters.bridge import ApprovalDoc, Bridge, Decision, Place, TransportError
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
 from adapters.slack._socket import WatchedSocketModeClient
@@ -130,6 +130,7 @@ class SlackAdapter:
         self.bridge: Bridge | None = None
         self.transport: SlackTransport | None = None
         self.team_id: str | None = None
+        self.catch_up_summary: str | None = None  # what the start-up catch-up did (the runtime prints it)
         self.bot_user_id: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: AsyncWebClient | None = None
@@ -236,12 +237,24 @@ class SlackAdapter:
             await session.close()
 
     async def _catch_up(self) -> None:
-        assert self.bridge is not None and self.transport is not None
+        """Known places from their last message seen; every other conversation the bot is in (a mention in a
+        channel nobody used with the bot yet, posted while it was down) back to the look-back bound."""
+        assert self.bridge is not None and self.transport is not None and self.team_id is not None
         places = [p for p in await self.bridge.known_places("slack") if p.workspace == self.team_id]
-        if not places:
-            return
-        count = await self.bridge.catch_up(self.transport, places)
-        log.info("Slack: caught up on %d message(s) in %d place(s)", count, len(places))
+        first_after: str | None = None
+        hours = self.options.catch_up_hours
+        if hours > 0:
+            since_ms = await self.bridge.watching_since("slack", self.team_id)
+            cutoff_ms = max(int(time.time() * 1000 - hours * 3_600_000), since_ms)
+            first_after = f"{cutoff_ms // 1000}.{cutoff_ms % 1000:03d}000"
+            known = {p.channel for p in places if p.thread is None}
+            for channel in await self.transport.member_channels():
+                if channel not in known:
+                    places.append(Place("slack", self.team_id, channel))
+        count = await self.bridge.catch_up(self.transport, places, first_after=first_after)
+        channels = len({p.channel for p in places})
+        self.catch_up_summary = f"caught up {count} message(s) in {channels} channel(s)"
+        log.info("Slack: %s", self.catch_up_summary)
 
     # --- bolt ---------------------------------------------------------------------------------------------------
 

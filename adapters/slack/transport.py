@@ -447,6 +447,35 @@ class SlackTransport:
                     return None
                 raise
 
+    async def member_channels(self) -> list[str]:
+        """Ids of every conversation the bot is a member of (channels, private channels, DMs, group DMs), for
+        catch-up. A type the token has no scope for is skipped with a warning, not an error."""
+        self._check_open()
+        found: list[str] = []
+        for kind in ("public_channel", "private_channel", "im", "mpim"):
+            cursor: str | None = None
+            while True:
+                try:
+                    data = await call(
+                        "users.conversations",
+                        self.client.users_conversations(
+                            types=kind, exclude_archived=True, limit=_PAGE, cursor=cursor
+                        ),
+                        self.governor,
+                    )
+                except (SlackCallError, SlackPermanentError, TransportError) as exc:
+                    log.warning("catch-up cannot list %s conversations: %s", kind, exc)
+                    break
+                for channel in data.get("channels") or []:
+                    if isinstance(channel, dict) and isinstance(channel.get("id"), str):
+                        found.append(channel["id"])
+                        if kind == "im":
+                            self.directory.note_channel_type(channel["id"], "im")
+                cursor = (data.get("response_metadata") or {}).get("next_cursor") or None
+                if not cursor:
+                    break
+        return list(dict.fromkeys(found))
+
     # --- approvals ----------------------------------------------------------------------------------------------
 
     async def post_approval(self, target: Place, gate: GateView, key: str) -> str:

@@ -313,6 +313,30 @@ async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_resta
     assert len(fake.sessions) == 3 and all(s.resumes == 0 for s in fake.sessions)
 
 
+async def test_a_mention_in_a_channel_the_bot_never_talked_in_is_answered_after_a_restart(
+    fake: FakeDiscord, world: World, bots: Bots
+) -> None:
+    incidents = fake.add_text_channel(world.guild, "incidents")
+    await fake.user_sends(incidents, world.bob, "said before the bot ever ran")  # before its first watch
+    first = await bots.start()
+    assert (await first.ready())["caught_up"] == 0
+    assert await first.terminate() == 0
+
+    # While the bot is down: a first message in #incidents (no conversation there yet), and a thread there.
+    await fake.user_sends(incidents, world.alice, "is the api down?")
+    starter = await fake.user_sends(incidents, world.carol, "thread about the db")
+    thread = await fake.user_creates_thread(incidents, starter, "db", world.carol)
+    await fake.user_sends_in_thread(thread, world.carol, "what do you see here?")
+
+    second = await bots.start()
+    assert (await second.ready())["caught_up"] == 3  # two in #incidents, one in the new thread
+    await wait_text(fake, incidents, "re Alice: is the api down?")
+    await wait_final(fake, thread, "seen:")
+    assert not [m for m in world.answers(incidents) if "before the bot ever ran" in m.content]
+    assert "discord: caught up 3 message(s) in 2 channel(s)" in second.log()
+    assert await second.terminate() == 0
+
+
 async def test_leftover_parts_after_a_tool_call_are_deleted_even_across_a_sigkill_at_the_delete(
     fake: FakeDiscord, world: World, bots: Bots, tmp_path: Path
 ) -> None:

@@ -378,6 +378,48 @@ async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_runn
     assert re.search(r"ticket=(?!\*\*\*)", logged) is None
 
 
+async def test_catch_up_covers_member_channels_without_a_place_back_to_the_first_start(
+    fake: FakeSlack,
+) -> None:
+    general = fake.add_channel("general")
+    incidents = fake.add_channel("incidents")  # the bot is a member; nobody talked to it there yet
+    fake.add_channel("elsewhere", bot_is_member=False)
+    alice = fake.add_user("UALICE", name="alice")
+    mention = f"<@{fake.bot_user_id}>"
+    fake.seed_message(incidents, f"{mention} from before the bot ever ran", user=alice)
+    faux = FauxProvider()
+    faux.set_responder(
+        lambda r: faux_assistant("re " + [user_text(m) for m in r.messages if isinstance(m, UserMessage)][-1])
+    )
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    await bridge.start()
+    harness.resume()
+    first = create({"mode": "socket"}, fake.env)
+    await first.start(bridge)
+    assert first.catch_up_summary == "caught up 0 message(s) in 2 channel(s)"  # general + incidents
+    await first.stop()
+
+    # While the bot is down: a mention in a channel that has no place yet.
+    fake.seed_message(incidents, f"{mention} is the api down?", user=alice)
+    second = create({"mode": "socket"}, fake.env)
+    await second.start(bridge)
+    try:
+        assert second.catch_up_summary == "caught up 1 message(s) in 2 channel(s)"
+        answer = await fake.wait_for_message(incidents, contains="is the api down?", timeout=10)
+        assert answer.text.startswith("re alice: ")
+        assert not [m for m in fake.bot_messages(incidents) if "from before" in m.text]
+        assert not fake.bot_messages(general)
+        listed = {c.args.get("types") for c in fake.calls_to("users.conversations")}
+        assert listed == {"public_channel", "private_channel", "im", "mpim"}
+    finally:
+        await second.stop()
+        await bridge.stop()
+        await harness.close()
+
+
 async def test_a_refused_app_token_fails_the_start_loudly_instead_of_retrying_forever(
     fake: FakeSlack,
 ) -> None:
