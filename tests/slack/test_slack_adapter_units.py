@@ -25,9 +25,10 @@ from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
-from harness_core import AgentChange, Harness, ModelRef, Models, Registry
-from harness_core.messages import UserMessage, user_text
-from harness_core.models.faux import FauxProvider, faux_assistant
+from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
+from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
+from harness_core.models import ModelRequest
+from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
 from harness_core.storage import MemoryStorage
 
 ENV = {
@@ -416,6 +417,49 @@ async def test_catch_up_covers_member_channels_without_a_place_back_to_the_first
         assert listed == {"public_channel", "private_channel", "im", "mpim"}
     finally:
         await second.stop()
+        await bridge.stop()
+        await harness.close()
+
+
+async def test_parts_a_shorter_final_answer_no_longer_needs_are_deleted_on_slack(fake: FakeSlack) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    release = asyncio.Event()
+
+    @tool
+    async def lookup(api: ToolApi) -> str:
+        """Waits until the test saw the partial in several messages."""
+        await release.wait()
+        return "found"
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant("Short final answer.")
+        long = " ".join(f"word{i}" for i in range(400))  # ~3,000 characters: three 1,000-character parts
+        return faux_assistant([faux_text(long), faux_tool_call("lookup", {}, id="l1")])
+
+    faux = FauxProvider(chunk_size=100, delay_ms=20)
+    faux.set_responder(respond)
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    registry.install(Extension("tools", tools=[lookup]))
+    adapter = create({"mode": "socket", "max_chars": 1000, "edit_interval": 0.05}, fake.env)
+    await bridge.start()
+    await adapter.start(bridge)
+    harness.resume()
+    try:
+        await fake.user_posts(general, alice, f"<@{fake.bot_user_id}> look it up")
+        await fake.wait_for(lambda: len(fake.bot_messages(general)) >= 3, 20)
+        release.set()
+        await fake.wait_for(
+            lambda: [m.text for m in fake.bot_messages(general)] == ["Short final answer."], 20
+        )
+        deleted = {c.args.get("ts") for c in fake.calls_to("chat.delete")}
+        assert len(deleted) >= 2 and all(fake.message(general, str(ts)).deleted for ts in deleted)
+    finally:
+        await adapter.stop()
         await bridge.stop()
         await harness.close()
 
