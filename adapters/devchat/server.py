@@ -36,6 +36,7 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
+from adapters.bridge.text import neutralize_bidi, neutralize_value
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import PLATFORM, DevchatTransport
@@ -376,7 +377,10 @@ class DevchatServer:
             reason = "expired"  # nobody decided it: "already expired by someone" would be wrong
         template = REFUSALS.get(reason, "refused ({reason})")
         text = template.format(
-            name=name, status=decision.status, by=decision.decided_by or "someone", reason=decision.reason
+            name=name,
+            status=decision.status,
+            by=neutralize_bidi(decision.decided_by or "someone"),
+            reason=decision.reason,
         )
         self._refuse(client, click.gate, text)
 
@@ -471,11 +475,12 @@ class DevchatServer:
             approvals.append(
                 {
                     "gate": int(key),
-                    "tool": gate.get("tool"),
-                    "arguments": gate.get("arguments") or {},
+                    # Names and arguments with bidi controls made visible, as on the cards.
+                    "tool": neutralize_value(gate.get("tool")),
+                    "arguments": neutralize_value(gate.get("arguments") or {}),
                     "status": gate.get("status"),
-                    "requester": (gate.get("requester") or {}).get("user_name"),
-                    "decided_by": gate.get("decided_by"),
+                    "requester": neutralize_value((gate.get("requester") or {}).get("user_name")),
+                    "decided_by": neutralize_value(gate.get("decided_by")),
                     "decided_at": gate.get("decided_at"),
                     "expires_at": gate.get("expires_at"),
                     "place": place_label(gate.get("target")),

@@ -37,6 +37,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.bridge import ApprovalDoc, Bridge, Decision, Place, TransportError
+from adapters.bridge.text import neutralize_bidi
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
 from adapters.slack._socket import WatchedSocketModeClient
@@ -44,6 +45,7 @@ from adapters.slack.blocks import ACTION_PATTERN, parse_action
 from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, parse_options
 from adapters.slack.directory import Directory
 from adapters.slack.events import MalformedEvent, human_message
+from adapters.slack.safe_text import slack_text
 from adapters.slack.transport import SlackTransport
 
 log = logging.getLogger("adapters.slack")
@@ -111,7 +113,8 @@ def refusal_text(decision: Decision, tool: str) -> str:
         if decision.status == "expired":
             return f"This request for `{tool}` already expired."
         return (
-            f"This request for `{tool}` was already {decision.status} by {decision.decided_by or 'someone'}."
+            f"This request for `{tool}` was already {decision.status} by "
+            f"{slack_text(neutralize_bidi(decision.decided_by or 'someone'))}."
         )
     template = REFUSALS.get(decision.reason or "", "Your click was not counted ({reason}).")
     return template.format(tool=tool, reason=decision.reason)

@@ -63,3 +63,15 @@ def test_neutralized_text_has_no_control_and_keeps_everything_else(text: str) ->
     shown = neutralize_bidi(text)
     assert not any(control in shown for control in CONTROLS)
     assert [c for c in shown if c in "abé \u05d0"] == [c for c in text if c not in CONTROLS]
+
+
+def test_refusals_that_name_the_decider_show_bidi_controls_as_tags() -> None:
+    from adapters.bridge import Decision
+    from adapters.discord._render import refusal_text as discord_refusal
+    from adapters.slack.adapter import refusal_text as slack_refusal
+
+    for text in (
+        discord_refusal("already_decided", "approved", "lead\u202eyrollam"),
+        slack_refusal(Decision(False, "approved", "lead\u202eyrollam", "already_decided"), "deploy"),
+    ):
+        assert "lead[U+202E]yrollam" in text and "\u202e" not in text

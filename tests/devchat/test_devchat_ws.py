@@ -369,3 +369,13 @@ async def test_with_a_token_the_page_and_the_websocket_need_it(rig: Rig) -> None
         await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
         assert (await ws.receive_json(timeout=10))["type"] == "snapshot"
         await ws.close()
+
+
+async def test_the_panel_shows_bidi_controls_in_names_as_visible_tags(rig: Rig) -> None:
+    ops = Place("devchat", "local", "ops")
+    await rig.bridge.intake(
+        IncomingMessage(ops, "1", "eve", "\u202eyrollam", "deploy api", mentions_bot=True)
+    )
+    page, _ = await rig.hello()
+    panel = await page.until(lambda f: f["type"] == "panel" and f["approvals"])
+    assert panel["approvals"][0]["requester"] == "[U+202E]yrollam"
