@@ -201,3 +201,36 @@ async def test_sigkill_after_post_before_the_outbox_record_is_reconciled_not_rep
     history_reads = fake.calls_to("conversations.history")
     assert any(c.args.get("include_all_metadata") in (True, "true", "1") for c in history_reads)
     assert post.message_delivery is not None
+
+
+async def test_sigkill_at_the_delete_of_a_leftover_part_is_finished_after_restart(
+    fake: FakeSlack, people: People, bots: Bots
+) -> None:
+    # ~2,900 characters stream into three 1,000-character messages, a tool runs, and the final answer is short:
+    # the two extra messages are deleted. The process dies when Slack applied the first chat.delete.
+    general = fake.add_channel("general")
+    options: dict[str, Any] = {
+        "chunk_size": 100,
+        "delay_ms": 20,
+        "slack": {"edit_interval": 0.05, "max_chars": 1000},
+    }
+    bot = await bots.start({**options, "hold": {"when": "tool_result", "after_chunks": 1}})
+    await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> look it up")
+    await bot.wait_event("held")
+    await fake.wait_for(lambda: len(replies_of_bot(fake, general)) == 3, 15)
+    first, *extra = replies_of_bot(fake, general)
+    delete = fake.kill_on("chat.delete", bot.pid, after_effect=True)
+    await bot.release()
+    assert await bot.wait_exit() == -9
+    assert len(delete.fired) == 1
+
+    bot = await bots.start(options)
+    await fake.wait_for(
+        lambda: [m.text for m in replies_of_bot(fake, general)] == ["Short final answer."], 15
+    )
+    await bot.stop()
+    assert [m.ts for m in replies_of_bot(fake, general)] == [first.ts]
+    assert all(fake.message(general, m.ts).deleted for m in extra)
+    deleted = [c.args.get("ts") for c in fake.calls_to("chat.delete")]
+    assert set(deleted) == {m.ts for m in extra}  # the one deleted before the kill was asked again: no error
+    assert len(deleted) == 3
