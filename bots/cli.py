@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from adapters.redact import install_log_redaction
+from adapters.redact import install_log_redaction, redact_text
 from bots.config import BotConfig, ConfigError, load_config
 from bots.operator import (
     approvals_command,
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _export_to_file(args, config)
         return asyncio.run(_dispatch(args, config))
     except BotError as exc:
-        print(f"durable-bots: {exc}", file=sys.stderr)
+        print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -27,7 +27,7 @@ import httpx
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
-from adapters.redact import install_log_redaction, redact_url
+from adapters.redact import install_log_redaction, redact_text, redact_url
 from bots.config import OPS_TOOLS, BotConfig, Problem, approver_problems
 from bots.demo import demo_delay, demo_provider
 from bots.ops import OpsContext, history_extension, ops_extension
@@ -397,7 +397,7 @@ class Console:
         self.stream = stream or sys.stdout
 
     def say(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(redact_text(text), file=self.stream, flush=True)  # a URL in an error may carry credentials
 
 
 async def run_bot(

@@ -83,3 +83,15 @@ def test_log_records_are_redacted_for_every_logger_and_traceback(caplog: pytest.
     )
     assert "t0psecret" not in caplog.text and "t1cket" not in caplog.text and "GaBcDe" not in caplog.text
     assert "ticket=***" in caplog.text and "token=***" in caplog.text
+
+
+def test_console_lines_are_redacted() -> None:
+    import io
+
+    from bots.runtime import Console
+
+    out = io.StringIO()
+    Console(out).say(
+        "durable-bots: the storage failed (lost: postgresql://bot:hunter2@db.internal/ops?sslkey=k)"
+    )
+    assert "hunter2" not in out.getvalue() and "postgresql://***@db.internal/ops?sslkey=***" in out.getvalue()
