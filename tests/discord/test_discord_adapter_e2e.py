@@ -342,7 +342,7 @@ async def test_leftover_parts_after_a_tool_call_are_deleted_even_across_a_sigkil
 ) -> None:
     # The model streams ~2,900 characters (two messages), calls a tool, then answers briefly: the second
     # message must go. The process dies when Discord applied that DELETE, before anything was recorded.
-    first = await bots.launch(chunk_size=100, delay_ms=20)
+    first = await bots.launch(chunk_size=100, delay_ms=40)
     await first.ready()
     await fake.user_sends(world.general, world.alice, "look it up")
     await fake.wait_for(lambda: len(world.answers()) == 2, timeout=30, what="a partial in two messages")
@@ -355,7 +355,7 @@ async def test_leftover_parts_after_a_tool_call_are_deleted_even_across_a_sigkil
     assert await first.wait() == -9
     assert [m.id for m in world.answers()] == [first_part.id]  # the delete went through, unrecorded
 
-    second = await bots.start(chunk_size=100, delay_ms=20)
+    second = await bots.start(chunk_size=100, delay_ms=40)
     await wait_text(fake, world.general, "Short final answer.")
     await second.wait_event("delivered")
     assert [(m.id, m.content) for m in world.answers()] == [(first_part.id, "Short final answer.")]
