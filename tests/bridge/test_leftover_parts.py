@@ -42,10 +42,10 @@ async def stream_long_then_answer_short(bots: Callable[..., Awaitable[Bot]], ref
     bot.platform.refuse_deletes = refuse
     result = await bot.say("100.1", "look it up")
     for _ in range(2000):
-        if len(bot.platform.texts(CHANNEL)) >= 3:
+        if len(bot.platform.texts(CHANNEL)) >= 2:
             break
         await asyncio.sleep(0.01)
-    assert len(bot.platform.texts(CHANNEL)) >= 3
+    assert len(bot.platform.texts(CHANNEL)) >= 2
     release.set()
     await bot.settle()
     assert await bot.harness.snapshot(ReplyDoc, key=str(result.submission_id)) is None  # retired
@@ -55,7 +55,7 @@ async def stream_long_then_answer_short(bots: Callable[..., Awaitable[Bot]], ref
 async def test_parts_beyond_the_final_text_are_deleted(bots: Callable[..., Awaitable[Bot]]) -> None:
     bot = await stream_long_then_answer_short(bots, refuse=False)
     assert bot.platform.texts(CHANNEL) == ["Short final answer."]
-    assert len([c for c in bot.platform.calls if c[0] == "delete"]) >= 2
+    assert [c for c in bot.platform.calls if c[0] == "delete"]
 
 
 async def test_a_platform_refusing_to_delete_gets_the_extra_parts_blanked(
