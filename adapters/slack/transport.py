@@ -454,7 +454,9 @@ class SlackTransport:
         found: list[str] = []
         for kind in ("public_channel", "private_channel", "im", "mpim"):
             cursor: str | None = None
+            waited = 0
             while True:
+                await self.governor.acquire("catch-up", interval=0.0)  # sits out a Retry-After back-off
                 try:
                     data = await call(
                         "users.conversations",
@@ -463,6 +465,12 @@ class SlackTransport:
                         ),
                         self.governor,
                     )
+                except RetryLater:
+                    if waited < _PATIENCE:
+                        waited += 1
+                        continue
+                    log.warning("catch-up cannot list %s conversations: rate limited", kind)
+                    break
                 except (SlackCallError, SlackPermanentError, TransportError) as exc:
                     log.warning("catch-up cannot list %s conversations: %s", kind, exc)
                     break

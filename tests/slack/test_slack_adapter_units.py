@@ -405,6 +405,7 @@ async def test_catch_up_covers_member_channels_without_a_place_back_to_the_first
 
     # While the bot is down: a mention in a channel that has no place yet.
     fake.seed_message(incidents, f"{mention} is the api down?", user=alice)
+    limited = fake.rate_limit("users.conversations", retry_after=1)  # waited out, not a channel skipped
     second = create({"mode": "socket"}, fake.env)
     await second.start(bridge)
     try:
@@ -415,6 +416,7 @@ async def test_catch_up_covers_member_channels_without_a_place_back_to_the_first
         assert not fake.bot_messages(general)
         listed = {c.args.get("types") for c in fake.calls_to("users.conversations")}
         assert listed == {"public_channel", "private_channel", "im", "mpim"}
+        assert len(limited.hits) == 1
     finally:
         await second.stop()
         await bridge.stop()
