@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from adapters.redact import redact_text
 from bots.backup import backup_storage
 from bots.config import BotConfig, ConfigError, load_config
 from bots.doctor import doctor_command
@@ -160,7 +161,10 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        # 0600 like every file the bot writes: a transcript is as private as the storage it comes from.
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "w", encoding="utf-8") as handle:
             code, written = asyncio.run(export_command(config, dict(os.environ), handle, args.conversation))
         tmp.replace(target)
     finally:
@@ -190,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _export_to_file(args, config)
         return asyncio.run(_dispatch(args, config))
     except BotError as exc:
-        print(f"durable-bots: {exc}", file=sys.stderr)
+        print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

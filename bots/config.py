@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -107,8 +107,8 @@ class ToolsSection(_Section):
 
 class ApprovalsSection(_Section):
     tools: list[str] = Field(default_factory=lambda: ["deploy"])
-    approvers: list[str] = Field(default_factory=list)  # platform user ids (devchat: display names)
-    groups: list[str] = Field(default_factory=list)  # Slack user group ids / Discord role ids
+    approvers: list[str] = Field(default_factory=list)  # "slack:U…", "discord:<id>", "devchat:<name>"
+    groups: list[str] = Field(default_factory=list)  # "slack:S…" user groups, "discord:<role id>"
     expires_minutes: float = Field(default=60.0, gt=0)
     allow_self_approval: bool = False
 
@@ -398,8 +398,42 @@ def _cross_checks(config: BotConfig) -> list[Problem]:
                 "or groups/roles in approvals.groups (or set approvals.tools = [])",
             )
         )
+    running = [name for name in config.adapters if config.adapter_enabled(name)]
+    problems.extend(approver_problems(config, running))
     if config.answer.mode == "none" and not config.answer.dms and not config.channels:
         problems.append(config.problem(("answer", "mode"), "the bot would never answer anything"))
+    return problems
+
+
+KNOWN_PLATFORMS = ("slack", "discord", "devchat")
+
+
+def approver_problems(config: BotConfig, running: Sequence[str]) -> list[Problem]:
+    """Approver and group entries are `platform:id` (`slack:U0LEAD`, `discord:1234`, `devchat:lead`). A bare id
+    is accepted while one adapter runs; with several it is ambiguous (a devchat user can type any name, so a
+    bare Slack id would let them approve), and so is an unknown platform prefix."""
+    problems: list[Problem] = []
+    platforms = sorted({*KNOWN_PLATFORMS, *config.adapters})
+    for field_name in ("approvers", "groups"):
+        for index, entry in enumerate(getattr(config.approvals, field_name)):
+            platform, colon, rest = entry.partition(":")
+            loc: tuple[str | int, ...] = ("approvals", field_name, index)
+            if colon and rest and platform.isidentifier() and platform.islower():
+                if platform not in platforms:
+                    problems.append(
+                        config.problem(
+                            loc,
+                            f"unknown platform {platform!r} in {entry!r}; use one of {', '.join(platforms)}",
+                        )
+                    )
+            elif len(running) > 1:
+                problems.append(
+                    config.problem(
+                        loc,
+                        f"{entry!r} is ambiguous with several adapters ({', '.join(running)}): write it as "
+                        f"'<platform>:{entry}', e.g. '{running[0]}:{entry}'",
+                    )
+                )
     return problems
 
 
@@ -407,11 +441,31 @@ def _cross_checks(config: BotConfig) -> list[Problem]:
 
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "apikey", "credential", "credentials"}
 _SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("signing", "key")}
+# Searched anywhere inside a string value (a token pasted into `instructions` is as leaked as one in its own key).
 _SECRET_VALUES = (
-    (re.compile(r"^xox[abpr]-"), "a Slack token", "SLACK_BOT_TOKEN"),
-    (re.compile(r"^xapp-"), "a Slack app-level token", "SLACK_APP_TOKEN"),
-    (re.compile(r"^sk-ant-"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
-    (re.compile(r"^sk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
+    (re.compile(r"\bxox[a-z]\.xox[a-z]-[A-Za-z0-9-]+"), "a Slack refresh/user token", "SLACK_BOT_TOKEN"),
+    (re.compile(r"\bxox[abposer]-[A-Za-z0-9-]{6,}"), "a Slack token", "SLACK_BOT_TOKEN"),
+    (re.compile(r"\bxapp-[A-Za-z0-9-]{6,}"), "a Slack app-level token", "SLACK_APP_TOKEN"),
+    (
+        re.compile(r"hooks\.slack\.com/(?:services|workflows|triggers)/\S+"),
+        "a Slack incoming-webhook URL",
+        "",
+    ),
+    (
+        re.compile(r"\b[MNO][A-Za-z0-9_-]{22,27}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,45}\b"),
+        "a Discord bot token",
+        "DISCORD_BOT_TOKEN",
+    ),
+    (re.compile(r"\bsk-ant-[A-Za-z0-9_-]{8,}"), "an Anthropic API key", "ANTHROPIC_API_KEY"),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"), "an OpenAI API key", "OPENAI_API_KEY"),
+    (
+        re.compile(
+            r"(?i)[?&](?:[a-z_]*token|[a-z_]*secret|key|api_?key|sig|signature|password|auth)=[^&\s#]+"
+        ),
+        "a URL carrying a credential in its query",
+        "",
+    ),
+    (re.compile(r"(?i)\bhttps?://[^/@\s:]+:[^/@\s]+@"), "a URL with a user:password", ""),
 )
 
 
@@ -470,14 +524,17 @@ def _secret_problems(
                 walk(item, path)
         elif isinstance(node, str):
             for pattern, what, env in _SECRET_VALUES:
-                if pattern.match(node.strip()):
+                if pattern.search(node):
+                    if not env and path[:1] == ("deploy",):
+                        env = "DEPLOY_WEBHOOK_URL (or DEPLOY_WEBHOOK_TOKEN, sent as a bearer token)"
+                    where = f"set {env} in the environment" if env else "keep it in an environment variable"
                     problems.append(
                         Problem(
                             file,
                             _line_for(lines, path),
                             _dotted(path),
-                            f"this value looks like {what}; secrets do not belong in the config file: set "
-                            f"{env} in the environment instead",
+                            f"this value looks like {what}; secrets do not belong in the config file: {where} "
+                            "instead",
                         )
                     )
                     break

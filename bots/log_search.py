@@ -19,6 +19,7 @@ Rules (each is a way a model's pattern or a big log could otherwise freeze or ex
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -53,6 +54,8 @@ _UNSUPPORTED = (
     ("invalid repetition size", "a repetition count over 1000 (`{n}`, nested counts multiplied)"),
     ("pattern too large", "more than the engine's size limit"),
 )
+
+log = logging.getLogger("bots.ops")
 
 
 class PatternRefused(ValueError):
@@ -148,7 +151,12 @@ def search_log_files(
     """Search every log file under `root` (or the file `root`) for lines matching `pattern`. Blocking: run it
     in a worker thread. `deadline` is on the `time.monotonic()` clock."""
     if not root.exists():
-        return ToolResult(f"The log path {root} does not exist (config: logs.path).", is_error=True)
+        log.warning("search_logs: the configured logs.path %s does not exist", root)  # the path: log only
+        return ToolResult(
+            "The configured log location (logs.path) does not exist; the operator can see which path in the "
+            "bot's log.",
+            is_error=True,
+        )
     try:
         regex = compile_pattern(pattern)
     except PatternRefused as exc:

@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Any, Literal
 
+from adapters.redact import install_log_redaction
 from harness_core import log_ids
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -37,6 +38,7 @@ class JsonLines(logging.Formatter):
 
 def setup_logging(level: str, log_format: LogFormat = "text") -> None:
     """(Re)configure the root logger: one stderr handler in the chosen format."""
+    install_log_redaction()  # no URL credentials, query values or tokens in any log line, at any level
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from adapters.redact import redact_url
 from bots.admin import is_loopback
 from bots.config import BotConfig, Problem
 from bots.operator_requests import ask_running_bot, decide, tool_call_of
@@ -527,7 +528,8 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
             warnings.append(str(exc))
             continue
         try:
-            factory(config.adapter_options(name), env)  # validates the table; connects nothing
+            adapter = factory(config.adapter_options(name), env)  # validates the table; connects nothing
+            warnings.extend(f"{name}: {w}" for w in getattr(adapter, "warnings", ()))
         except Exception as exc:
             if env_problem(str(exc)):
                 warnings.append(f"{name}: {exc}")
@@ -563,7 +565,7 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     webhook = env.get("DEPLOY_WEBHOOK_URL") or config.deploy.webhook_url
     _say(
         out,
-        f"  deploy: webhook {webhook}"
+        f"  deploy: webhook {redact_url(webhook)}"
         if webhook
         else f"  deploy: no webhook; deploys are recorded in {config.deploy_record_path}",
     )

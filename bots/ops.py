@@ -59,6 +59,8 @@ from harness_core import (
 from harness_core.messages import AssistantMessage, UserMessage, user_text
 from harness_core.storage import Storage
 
+log = logging.getLogger("bots.ops")
+
 HISTORY_PREFIX = "[history search] "
 HISTORY_TOOL = "lookup_conversations"
 HISTORY_INSTRUCTIONS = (
@@ -183,9 +185,16 @@ def open_ticket_tool(ctx: OpsContext) -> ToolSpec:
         runs) returns the ticket that already exists instead of creating a duplicate."""
         key = ticket_key(title)
         extra = {"conversation_id": api.conversation_id, "task_id": api.task_id}
-        ticket, created = await asyncio.to_thread(
-            tracker_open, ctx.config.tickets_path, title, body, key, extra
-        )
+        try:
+            ticket, created = await asyncio.to_thread(
+                tracker_open, ctx.config.tickets_path, title, body, key, extra
+            )
+        except OSError as exc:  # the message names the file: the log gets it, the chat gets the config key
+            log.warning("open_ticket: cannot write %s: %s", ctx.config.tickets_path, exc)
+            return ToolResult(
+                f"Could not write the ticket file (tickets.path): {exc.strerror or 'I/O error'}.",
+                is_error=True,
+            )
         details = {"ticket": ticket["id"], "created": created, "key": key}
         if created:
             return ToolResult(f"Opened {ticket['id']}: {ticket['title']}", details=details)
@@ -245,11 +254,22 @@ def deploy_tool(ctx: OpsContext) -> ToolSpec:
         if not url:
             record = {**payload, "recorded_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
             path = ctx.config.deploy_record_path
-            await asyncio.to_thread(_record_deploy, path, record)
+            try:
+                await asyncio.to_thread(_record_deploy, path, record)
+            except OSError as exc:
+                log.warning("deploy: cannot write the deploy record %s: %s", path, exc)
+                return ToolResult(
+                    f"Could not write the local deploy record (deploy.record_path): {exc.strerror or 'I/O error'}; "
+                    "nothing was deployed.",
+                    is_error=True,
+                    details={"idempotency_key": key},
+                )
+            log.info("deploy: recorded %s in %s", key, path)
             return ToolResult(
                 f"No deploy webhook is configured (deploy.webhook_url), so nothing was deployed for real: "
-                f"recorded the deploy of {service} {version} in {path} (idempotency key {key}).",
-                details={"recorded": str(path), "idempotency_key": key},
+                f"recorded the deploy of {service} {version} in the local deploy record (deploy.record_path, "
+                f"idempotency key {key}).",
+                details={"idempotency_key": key},
             )
         headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
         token = ctx.env.get("DEPLOY_WEBHOOK_TOKEN")

@@ -27,8 +27,9 @@ import httpx
 from adapters.base import Adapter
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, ChannelPolicy, PlaceDoc
 from adapters.health import health_of
+from adapters.redact import install_log_redaction, redact_text, redact_url
 from bots.admin import AdminError, AdminServer, readiness_of
-from bots.config import OPS_TOOLS, BotConfig, Problem
+from bots.config import OPS_TOOLS, BotConfig, Problem, approver_problems
 from bots.demo import demo_delay, demo_provider
 from bots.metrics import BotMetrics
 from bots.operator_requests import OperatorDesk
@@ -421,7 +422,7 @@ class Console:
         self.stream = stream or sys.stdout
 
     def say(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(redact_text(text), file=self.stream, flush=True)  # a URL in an error may carry credentials
 
 
 async def run_bot(
@@ -435,7 +436,11 @@ async def run_bot(
     """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
     then the harness closes (running work is signalled and joined; nothing counts as a crash)."""
     console = console or Console()
+    install_log_redaction()
     names = adapter_names(config, requested)
+    ambiguous = approver_problems(config, names)  # `--adapter` may run more adapters than the config enables
+    if ambiguous:
+        raise BotError("; ".join(str(problem) for problem in ambiguous))
     factories = {name: adapter_factory(config, name) for name in names}
     adapters: list[tuple[Adapter, dict[str, Any]]] = []
     for name in names:
@@ -501,9 +506,12 @@ async def run_bot(
                 log.exception("adapter %s failed to start", adapter.name)
                 raise BotError(f"adapter {adapter.name!r} failed to start: {exc}") from None
             started.append(adapter)
+            summary = getattr(adapter, "catch_up_summary", None)  # "stopping for maintenance loses nothing"
+            if isinstance(summary, str) and summary:
+                console.say(f"{adapter.name}: {summary}")
             url = adapter_url(adapter, options)
             if url is not None:
-                console.say(f"{adapter.name}: {url}")
+                console.say(f"{adapter.name}: {redact_url(url)}")
         runtime.harness.resume()
         desk.start()
         freeze_startup_heap()

@@ -10,6 +10,7 @@ from adapters.bridge.intake import IntakeResult
 from adapters.bridge.model import (
     BridgeConfig,
     ChannelPolicy,
+    DeleteRefused,
     EditExpired,
     IncomingMessage,
     MessageGone,
@@ -28,6 +29,7 @@ __all__ = [
     "BridgeConfig",
     "ChannelPolicy",
     "Decision",
+    "DeleteRefused",
     "EditExpired",
     "GateView",
     "IncomingMessage",

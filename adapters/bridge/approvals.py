@@ -32,10 +32,51 @@ log = logging.getLogger("adapters.bridge")
 @dataclass(frozen=True)
 class ApprovalPolicy:
     tools: Sequence[str]
-    approvers: Sequence[str] = ()  # platform user ids
-    groups: Sequence[str] = ()  # Slack user group ids / Discord role ids
+    approvers: Sequence[str] = ()  # user ids, `platform:id` (bare ids only when one platform runs)
+    groups: Sequence[str] = ()  # Slack user group ids / Discord role ids, `platform:id` or bare likewise
     allow_self_approval: bool = False
     expires_after_ms: int = 3_600_000
+
+
+def split_entry(entry: str) -> tuple[str | None, str]:
+    """(platform, id) of an approver or group entry: `slack:U0LEAD` -> ("slack", "U0LEAD"); a bare `U0LEAD`
+    -> (None, "U0LEAD")."""
+    platform, colon, rest = entry.partition(":")
+    if colon and rest and platform.isidentifier() and platform.islower():
+        return platform, rest
+    return None, entry
+
+
+def entry_matches(entry: str, platform: str | None, value: str, *, platforms: int) -> bool:
+    """Whether `entry` names `value` on `platform`. A namespaced entry (`devchat:lead`) matches only on its
+    platform. A bare entry is unambiguous only while the bridge serves one platform (`platforms` <= 1): a
+    devchat user who types the name `U0LEADSLACK` must never count as the Slack user U0LEADSLACK."""
+    entry_platform, entry_id = split_entry(entry)
+    if entry_id != value:
+        return False
+    if entry_platform is not None:
+        return entry_platform == platform
+    return platforms <= 1
+
+
+def is_approver(
+    gate: dict[str, Any],
+    platform: str | None,
+    user_id: str,
+    user_groups: Collection[str] | None,
+    *,
+    platforms: int,
+) -> bool:
+    """Who counts as an approver of `gate`: a listed user, or a member of a listed group (Slack user group,
+    Discord role), on the platform the click came from."""
+    if any(entry_matches(e, platform, user_id, platforms=platforms) for e in gate.get("approvers", [])):
+        return True
+    groups = set(user_groups or ())
+    return any(
+        entry_matches(e, platform, group, platforms=platforms)
+        for e in gate.get("groups", [])
+        for group in groups
+    )
 
 
 @dataclass(frozen=True)
@@ -173,8 +214,10 @@ class Approvals:
         approve: bool,
         user_groups: Collection[str] | None = None,
         operator: bool = False,
+        platform: str | None = None,
     ) -> Decision:
-        """Record a click. Checks the approver policy stored with the request; first decision wins.
+        """Record a click from `platform`. Checks the approver policy stored with the request; first decision
+        wins.
 
         `operator=True`: an operator's override from the command line (`durable-bots approvals decide`): the
         approver policy is not checked, the decision is recorded with `operator_override: true`, and this
@@ -185,9 +228,8 @@ class Approvals:
             return Decision(False, "unknown", reason="unknown_gate")
         if gate.get("status") != "pending":
             return Decision(False, str(gate["status"]), gate.get("decided_by"), "already_decided")
-        allowed = user_id in gate.get("approvers", []) or bool(
-            set(gate.get("groups", [])) & set(user_groups or ())
-        )
+        platforms = len(self.bridge.transports)
+        allowed = is_approver(gate, platform, user_id, user_groups, platforms=platforms)
         if not allowed and not operator:
             return Decision(False, "pending", reason="not_an_approver")
         requester = (gate.get("requester") or {}).get("user_id")

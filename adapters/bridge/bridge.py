@@ -13,7 +13,7 @@ from typing import Any
 
 from adapters.bridge.approvals import ApprovalPolicy, Approvals, Decision
 from adapters.bridge.delivery import Delivery, load_active
-from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc
+from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc, WatchDoc
 from adapters.bridge.governor import RateGovernor
 from adapters.bridge.intake import IntakeResult, intake, last_seen
 from adapters.bridge.model import BridgeConfig, IncomingMessage, Place
@@ -21,7 +21,7 @@ from adapters.bridge.outside import valid_text
 from adapters.bridge.schedule import ScheduledTask, schedule_tool
 from adapters.bridge.stats import BridgeStats
 from adapters.bridge.transport import Transport
-from harness_core import AgentChange, Extension, Harness, Publication, log_context
+from harness_core import AgentChange, Extension, Harness, Publication, Tx, log_context
 
 log = logging.getLogger("adapters.bridge")
 
@@ -107,7 +107,10 @@ class Bridge:
         approve: bool,
         user_groups: Collection[str] | None = None,
         operator: bool = False,
+        platform: str | None = None,
     ) -> Decision:
+        """A click on an approval request by `user_id` of `platform` (the adapter's platform name; approver
+        entries like `slack:U0LEAD` match only there)."""
         decision = await self.approvals.decide(
             gate_id,
             user_id=valid_text(user_id),
@@ -115,6 +118,7 @@ class Bridge:
             approve=approve,
             user_groups=None if user_groups is None else [valid_text(g) for g in user_groups],
             operator=operator,
+            platform=platform,
         )
         if decision.accepted:
             self.stats.approvals_decided[decision.status] += 1
@@ -138,12 +142,28 @@ class Bridge:
             if v.get("place", {}).get("platform") == platform
         ]
 
-    async def catch_up(self, transport: Transport, places: Sequence[Place] | None = None) -> int:
-        """Feed messages posted while the bot was down through the same exactly-once intake."""
+    async def watching_since(self, platform: str, workspace: str) -> int:
+        """When (Unix ms) this bot first watched `workspace` of `platform`; recorded on the first call."""
+
+        async def commit(tx: Tx) -> int:
+            doc = await tx.doc(WatchDoc, key=f"{platform}:{workspace}", seed={"since_ms": tx.now})
+            return int(doc.value.get("since_ms", tx.now))
+
+        since: int = await self.harness.commit(commit)
+        return since
+
+    async def catch_up(
+        self, transport: Transport, places: Sequence[Place] | None = None, *, first_after: str | None = None
+    ) -> int:
+        """Feed messages posted while the bot was down through the same exactly-once intake. A place the
+        bridge has seen is read from its newest message seen; one it has never seen (a channel the bot is in
+        but nobody talked to it there yet) from `first_after`, the adapter's look-back bound (None: the
+        transport decides, e.g. nothing)."""
         count = 0
         for place in places if places is not None else await self.known_places(transport.platform):
             try:
-                messages = await transport.history(place, await last_seen(self, place))
+                after = await last_seen(self, place)
+                messages = await transport.history(place, first_after if after is None else after)
             except Exception as exc:  # one unreadable channel must not stop the others
                 log.warning("catch-up of %s failed: %s", place.key, exc)
                 continue

@@ -20,7 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
-from adapters.bridge.model import EditExpired, MessageGone, Place, RetryLater, TransportError
+from adapters.bridge.model import DeleteRefused, EditExpired, MessageGone, Place, RetryLater, TransportError
 from adapters.bridge.text import render_partial, render_unanswered, split_text
 from harness_core import LiveDoc, Tx, log_context
 from harness_core.messages import AssistantMessage
@@ -33,6 +33,7 @@ log = logging.getLogger("adapters.bridge")
 
 
 REPLY_KEY_PREFIX = "reply:"
+REMOVED_TEXT = "\u2800"  # Braille blank: shows nothing, yet every platform takes it as a non-empty text
 
 
 def is_reply_key(key: str) -> bool:
@@ -137,6 +138,8 @@ class ReplyWorker:
         self, transport: Transport, target: Place, reply: dict[str, Any], texts: list[str], *, final: bool
     ) -> list[str]:
         parts: list[dict[str, Any]] = list(reply.get("parts", []))
+        if final and len(parts) > len(texts):
+            parts = await self.remove_parts(transport, target, parts, keep=len(texts))
         ids: list[str] = []
         for index, text in enumerate(texts):
             if index >= len(parts):
@@ -177,6 +180,38 @@ class ReplyWorker:
             ids.append(message_id)
         return ids
 
+    async def remove_parts(
+        self, transport: Transport, target: Place, parts: list[dict[str, Any]], *, keep: int
+    ) -> list[dict[str, Any]]:
+        """Delete the parts beyond the first `keep` (the final text is shorter than what was streamed, e.g. a
+        long partial, then a tool call, then a short answer). The intent is committed first, so a crash between
+        the deletes is finished by the next process: it deletes again, and a part already gone is no error."""
+        extra = parts[keep:]
+        if not all(part.get("remove") for part in extra):
+            marked = [{**part, "remove": True} for part in extra]
+            await self.record_parts(parts[:keep] + marked)
+            extra = marked
+        for part in extra:
+            message_id = part.get("message_id")
+            if message_id is None and part["key"] not in self.fresh:
+                message_id = await transport.find(target, part["key"])
+            self.fresh.discard(part["key"])
+            if message_id is None:
+                continue  # never posted
+            async with self.pace(transport, target):
+                try:
+                    await transport.delete(target, message_id, part["key"])
+                except DeleteRefused as exc:
+                    log.info("reply %s: cannot delete %s (%s); blanking it", self.key, message_id, exc)
+                    try:
+                        await transport.edit(target, message_id, REMOVED_TEXT, part["key"], final=True)
+                    except (MessageGone, EditExpired) as gone:
+                        log.warning("reply %s: leftover part %s stays (%s)", self.key, message_id, gone)
+            self.bridge.shown.pop(message_id, None)
+        kept = parts[:keep]
+        await self.record_parts(kept)
+        return kept
+
     def pace(self, transport: Transport, target: Place) -> AbstractAsyncContextManager[None]:
         """The slot for one write into `target`'s channel, shared by every reply worker of this process."""
         return self.bridge.governor(target.platform).slot(
@@ -196,6 +231,13 @@ class ReplyWorker:
                 parts[index] = part
             else:
                 parts.append(part)
+            doc.value["parts"] = parts
+
+        await self.bridge.harness.commit(commit)
+
+    async def record_parts(self, parts: list[dict[str, Any]]) -> None:
+        async def commit(tx: Tx) -> None:
+            doc = await tx.doc(ReplyDoc, key=self.key, seed={})
             doc.value["parts"] = parts
 
         await self.bridge.harness.commit(commit)

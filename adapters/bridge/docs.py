@@ -34,3 +34,8 @@ ScheduleDoc = define_doc(
     "bridge.schedule", scope="session", family=True, initial=lambda seed: dict(seed or {})
 )
 """key: tool task id -> {timer_task_id}: makes the `schedule` tool safe to run again after a crash."""
+
+WatchDoc = define_doc("bridge.watch", scope="session", family=True, initial=lambda seed: dict(seed or {}))
+"""key: `platform:workspace` -> {since_ms}: when this bot first watched that workspace. Catch-up of channels
+that have no place yet never reaches back before it (a bot added to a busy workspace does not answer a day of
+old mentions at its first start)."""

@@ -120,3 +120,8 @@ class MessageGone(TransportError):
 
 class EditExpired(TransportError):
     """The platform refuses further edits of this message (e.g. Discord, older than an hour)."""
+
+
+class DeleteRefused(TransportError):
+    """The platform will not delete this message (no permission, or it cannot delete at all): the bridge edits
+    it to nothing visible instead."""

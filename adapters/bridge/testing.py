@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.bridge.model import IncomingMessage, Place, TransportError
+from adapters.bridge.model import DeleteRefused, IncomingMessage, Place, TransportError
 from adapters.bridge.transport import GateView
 
 
@@ -43,6 +43,7 @@ class MemoryTransport:
         self.human: dict[str, list[IncomingMessage]] = {}  # place key -> history for catch-up
         self.failures: dict[str, list[Exception]] = {}
         self.lose_next_create = False
+        self.refuse_deletes = False  # a platform that will not delete (the bridge then blanks the message)
         self.on_create: Callable[[PostedMessage], None] | None = None
         self._ids = itertools.count(1000)
 
@@ -81,6 +82,13 @@ class MemoryTransport:
         message = self.by_id(message_id)
         message.edits.append(text)
         message.text = text
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        self.calls.append(("delete", key))
+        self._maybe_fail("delete")
+        if self.refuse_deletes:
+            raise DeleteRefused(f"{message_id}: not allowed")
+        self.messages = [m for m in self.messages if m.id != message_id]  # gone already: fine
 
     async def find(self, target: Place, key: str) -> str | None:
         self.calls.append(("find", key))

@@ -5,6 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 FENCE = "```"
+# Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): in a tool argument or a name
+# they reorder the text around them on a card ("asked by mallory" shown reversed), so they are never rendered.
+_BIDI_CONTROLS = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def neutralize_bidi(text: str) -> str:
+    """`text` with every bidi control replaced by a visible `[U+202E]`-style tag (an approver sees that
+    something tried to reorder the text, instead of the reordered text)."""
+    return text.translate(_BIDI_CONTROLS)
+
+
+def neutralize_value(value: Any) -> Any:
+    """`neutralize_bidi` applied to every string (keys included) inside JSON-like `value`."""
+    if isinstance(value, str):
+        return neutralize_bidi(value)
+    if isinstance(value, dict):
+        return {neutralize_value(k): neutralize_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [neutralize_value(v) for v in value]
+    return value
 
 
 def split_text(text: str, limit: int) -> list[str]:

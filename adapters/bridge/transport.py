@@ -1,4 +1,4 @@
-"""What a platform adapter implements for the bridge: post and edit messages (with a durable key the
+"""What a platform adapter implements for the bridge: post, edit and delete messages (with a durable key the
 platform can echo back for reconciliation), render approval requests, read history for catch-up."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from adapters.bridge.model import IncomingMessage, Place
+from adapters.bridge.text import neutralize_bidi, neutralize_value
 
 
 @dataclass(frozen=True)
 class GateView:
-    """An approval request as the platform shows it."""
+    """An approval request as the platform shows it (bidi controls in names and arguments made visible)."""
 
     gate_id: int
     tool: str
@@ -22,6 +23,15 @@ class GateView:
     decided_by: str | None
     decided_at: int | None
     expires_at: int
+
+    def __post_init__(self) -> None:
+        # Everything a card shows of the call and the people, with bidi controls made visible (every platform
+        # renders from this view, so none can forget).
+        for name in ("tool", "requester_name", "decided_by"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, neutralize_bidi(value))
+        object.__setattr__(self, "arguments", neutralize_value(self.arguments))
 
 
 @runtime_checkable
@@ -43,6 +53,12 @@ class Transport(Protocol):
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
         """Replace the text of a message this bot posted."""
+        ...
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        """Remove a message this bot posted (a reply part the final text no longer needs). A message that is
+        already gone is not an error (the delete may be repeated after a crash); raise `DeleteRefused` when the
+        platform will not delete it (the bridge then edits it to nothing visible)."""
         ...
 
     async def find(self, target: Place, key: str) -> str | None:

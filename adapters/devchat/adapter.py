@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.bridge import Bridge, Place
-from adapters.devchat.options import DevchatOptions, parse_options
+from adapters.devchat.options import DevchatOptions, parse_options, remote_warning
 from adapters.devchat.server import DevchatServer
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import DevchatTransport
@@ -33,6 +33,12 @@ class DevchatAdapter:
         self.bridge: Bridge | None = None
 
     @property
+    def warnings(self) -> list[str]:
+        """Shown by `check-config` and logged at start."""
+        warning = remote_warning(self.options)
+        return [] if warning is None else [warning]
+
+    @property
     def url(self) -> str:
         """Where the page is served (after `start`)."""
         return "" if self.server is None else self.server.url
@@ -41,6 +47,8 @@ class DevchatAdapter:
         if self.server is not None:
             return
         self.bridge = bridge
+        for warning in self.warnings:
+            log.warning("%s", warning)
         store = await ChatStore.open(self.options.store, keep_events=self.options.keep_events)
         try:
             for channel in self.options.channels:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+MIN_TOKEN_CHARS = 16
 
 
 class DevchatConfigError(ValueError):
@@ -44,7 +45,13 @@ class DevchatOptions(BaseModel):
     keep_events: int = Field(10_000, ge=100)
     """Events kept in the log for reconnecting clients; a client further behind gets a snapshot."""
     allow_remote: bool = False
-    """Required to bind a non-loopback host (devchat has no authentication)."""
+    """Required to bind a non-loopback host (devchat has no authentication); then DEVCHAT_TOKEN is required."""
+    token: str | None = Field(None, repr=False, exclude=True)
+    """The access token the page and its websocket must present (from DEVCHAT_TOKEN only, never the file).
+    Required off loopback; optional on it."""
+    all_platforms: bool = False
+    """Show (and allow retrying) tasks and approval requests of every platform on the panel. Off: only those of
+    devchat's own conversations (a devchat user is a typed name, not an account of Slack or Discord)."""
 
     @field_validator("channels")
     @classmethod
@@ -82,6 +89,12 @@ def clean_name(raw: str) -> str:
 def parse_options(options: Mapping[str, Any], env: Mapping[str, str]) -> DevchatOptions:
     """Validate `options` (the TOML table); `DEVCHAT_HOST` / `DEVCHAT_PORT` in `env` override host and port."""
     values = dict(options)
+    if "token" in values:
+        raise DevchatConfigError(
+            "adapters.devchat.token: secrets do not belong in the config file: remove this key and set "
+            "DEVCHAT_TOKEN in the environment instead"
+        )
+    values["token"] = env.get("DEVCHAT_TOKEN") or None
     if env.get("DEVCHAT_HOST"):
         values["host"] = env["DEVCHAT_HOST"]
     if env.get("DEVCHAT_PORT"):
@@ -99,4 +112,23 @@ def parse_options(options: Mapping[str, Any], env: Mapping[str, str]) -> Devchat
             f"adapters.devchat.host: {parsed.host!r} is not a loopback address; devchat has no login, "
             "set allow_remote = true to bind it anyway"
         )
+    if parsed.host not in LOOPBACK and not parsed.token:
+        raise DevchatConfigError(
+            f"adapters.devchat.allow_remote: devchat on {parsed.host!r} is reachable from other machines: set "
+            f"DEVCHAT_TOKEN in the environment (at least {MIN_TOKEN_CHARS} characters); the page then asks for it"
+        )
+    if parsed.token is not None and len(parsed.token) < MIN_TOKEN_CHARS:
+        raise DevchatConfigError(
+            f"adapters.devchat: DEVCHAT_TOKEN is too short: use at least {MIN_TOKEN_CHARS} random characters"
+        )
     return parsed
+
+
+def remote_warning(options: DevchatOptions) -> str | None:
+    """What the operator must know about a devchat reachable from other machines."""
+    if options.host in LOOPBACK:
+        return None
+    return (
+        f"devchat listens on {options.host} (not loopback): anyone with DEVCHAT_TOKEN can post and click as any "
+        "name they type; devchat identities are unauthenticated names, not accounts"
+    )

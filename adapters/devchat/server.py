@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 from dataclasses import dataclass, field
@@ -35,11 +36,13 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from adapters.bridge import ApprovalDoc, Bridge, PayloadTooDeep, Place, PlaceOfDoc, valid_payload
+from adapters.bridge.text import neutralize_bidi, neutralize_value
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
-from adapters.devchat.transport import DevchatTransport
+from adapters.devchat.transport import PLATFORM, DevchatTransport
 from harness_core import HarnessError, Publication
 
+TOKEN_COOKIE = "devchat_token"
 log = logging.getLogger("adapters.devchat")
 
 STATIC = Path(__file__).with_name("static")
@@ -197,6 +200,17 @@ class DevchatServer:
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{request.host}":
             raise web.HTTPForbidden(text="cross-origin request refused")
+        if self.options.token is not None and request.path != "/healthz":
+            given = request.query.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+            if not hmac.compare_digest(given.encode(), self.options.token.encode()):
+                raise web.HTTPUnauthorized(
+                    text="devchat needs its access token: open /?token=<DEVCHAT_TOKEN>"
+                )
+            if request.path == "/" and "token" in request.query:
+                # Keep the token out of the address bar and history: a cookie carries it from here on.
+                redirect = web.HTTPSeeOther("/")
+                redirect.set_cookie(TOKEN_COOKIE, self.options.token, httponly=True, samesite="Strict")
+                raise redirect
         response: web.StreamResponse = await handler(request)
         response.headers.setdefault(
             "Content-Security-Policy",
@@ -361,7 +375,9 @@ class DevchatServer:
         if self.options.approvers is not None and name not in self.options.approvers:
             self._refuse(client, click.gate, REFUSALS["not_an_approver"].format(name=name))
             return
-        decision = await self.bridge.decide(click.gate, user_id=name, user_name=name, approve=click.approve)
+        decision = await self.bridge.decide(
+            click.gate, user_id=name, user_name=name, approve=click.approve, platform=PLATFORM
+        )
         if decision.accepted:
             verb = "approved" if click.approve else "denied"
             client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
@@ -371,7 +387,10 @@ class DevchatServer:
             reason = "expired"  # nobody decided it: "already expired by someone" would be wrong
         template = REFUSALS.get(reason, "refused ({reason})")
         text = template.format(
-            name=name, status=decision.status, by=decision.decided_by or "someone", reason=decision.reason
+            name=name,
+            status=decision.status,
+            by=neutralize_bidi(decision.decided_by or "someone"),
+            reason=decision.reason,
         )
         self._refuse(client, click.gate, text)
 
@@ -387,6 +406,10 @@ class DevchatServer:
 
     async def _retry(self, client: Client, request: Retry) -> None:
         _name(request.name)
+        task = await self.bridge.harness.get_task(request.task)
+        if task is not None and not await self._shows(task.conversation_id):
+            client.send({"type": "notice", "level": "error", "text": "Retry refused: not a devchat task"})
+            return
         try:
             await self.bridge.harness.retry_task(request.task)
         except HarnessError as exc:
@@ -421,6 +444,14 @@ class DevchatServer:
                         client.send({"type": "panel", **panel})
             await asyncio.sleep(PANEL_MIN_GAP)
 
+    async def _shows(self, conversation_id: int) -> bool:
+        """Whether the panel shows (and may retry) work of this conversation: devchat's own, or every
+        platform's with `all_platforms`."""
+        if self.options.all_platforms:
+            return True
+        place = (await self.bridge.harness.snapshot(PlaceOfDoc, conversation_id) or {}).get("place") or {}
+        return bool(place.get("platform") == PLATFORM)
+
     async def _panel_now(self) -> dict[str, Any]:
         harness = self.bridge.harness
         inspection = await harness.inspect()
@@ -429,6 +460,8 @@ class DevchatServer:
         tasks = []
         for item in inspection.tasks:
             task = item.record
+            if not await self._shows(task.conversation_id):
+                continue
             if task.conversation_id not in places:
                 place_of = await harness.snapshot(PlaceOfDoc, task.conversation_id) or {}
                 places[task.conversation_id] = place_label(place_of.get("place"))
@@ -446,14 +479,18 @@ class DevchatServer:
             )
         approvals = []
         for key, gate in gates.items():
+            target = gate.get("target") or {}
+            if not self.options.all_platforms and target.get("platform") != PLATFORM:
+                continue
             approvals.append(
                 {
                     "gate": int(key),
-                    "tool": gate.get("tool"),
-                    "arguments": gate.get("arguments") or {},
+                    # Names and arguments with bidi controls made visible, as on the cards.
+                    "tool": neutralize_value(gate.get("tool")),
+                    "arguments": neutralize_value(gate.get("arguments") or {}),
                     "status": gate.get("status"),
-                    "requester": (gate.get("requester") or {}).get("user_name"),
-                    "decided_by": gate.get("decided_by"),
+                    "requester": neutralize_value((gate.get("requester") or {}).get("user_name")),
+                    "decided_by": neutralize_value(gate.get("decided_by")),
                     "decided_at": gate.get("decided_at"),
                     "expires_at": gate.get("expires_at"),
                     "place": place_label(gate.get("target")),

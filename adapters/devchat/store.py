@@ -337,6 +337,21 @@ class ChatStore:
             await w.emit({"type": "message", "message": message})
             return message
 
+    async def delete_bot(self, message_id: int) -> bool:
+        """Delete a bot message (a reply part no longer needed). True when it is gone (also when it was gone
+        already); False when it must stay because a thread hangs off it."""
+        async with self.write() as w:
+            current = await w.message(message_id)
+            if current is None:
+                return True
+            if current["kind"] == "human":
+                return False
+            if await w.one("SELECT 1 FROM messages WHERE thread = ? LIMIT 1", (message_id,)) is not None:
+                return False
+            await w.run("DELETE FROM messages WHERE id = ?", (message_id,))
+            await w.emit({"type": "deleted", "id": message_id, "channel": current["channel"]})
+            return True
+
     # --- reading ----------------------------------------------------------------------------------------------
 
     async def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from adapters.bridge import GateView, IncomingMessage, MessageGone, Place, TransportError
+from adapters.bridge import DeleteRefused, GateView, IncomingMessage, MessageGone, Place, TransportError
 from adapters.devchat.store import ChatStore
 
 PLATFORM = "devchat"
@@ -101,6 +101,11 @@ class DevchatTransport:
         updated = await self.store.update(int(message_id), text=text, final=final)
         if updated is None:
             raise MessageGone(f"devchat message {message_id} does not exist")
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        self._check(target)
+        if not await self.store.delete_bot(int(message_id)):
+            raise DeleteRefused(f"devchat message {message_id} has replies")
 
     async def find(self, target: Place, key: str) -> str | None:
         self._check(target)

@@ -37,7 +37,7 @@ from adapters.discord._hardening import guard_parsers, install_tolerant_json
 from adapters.discord._intake import DM_WORKSPACE, PLATFORM, Converter, is_human
 from adapters.discord._options import DiscordSettings
 from adapters.discord._render import refusal_text
-from adapters.discord._transport import DiscordTransport
+from adapters.discord._transport import DISCORD_EPOCH_MS, DiscordTransport
 from adapters.health import TransportHealth
 from harness_core import HarnessClosed
 
@@ -105,6 +105,7 @@ class DiscordAdapter:
         self.converter: Converter | None = None
         self.catch_ups = 0  # completed catch-ups (one per fresh gateway session)
         self.caught_up_messages = 0  # messages the latest catch-up fed to the bridge (not seen before)
+        self.catch_up_summary: str | None = None  # what the latest catch-up did (the runtime prints it)
         self._queue: deque[discord.Message] = deque()
         self._wake = asyncio.Event()
         self._caught_up = asyncio.Event()
@@ -358,16 +359,55 @@ class DiscordAdapter:
             await self.bridge.intake(incoming)
 
     async def _catch_up(self) -> None:
+        """Known places from their last message seen; every other guild channel the bot can read, and active
+        threads under any of them, back to the look-back bound (a mention in a channel nobody used with the bot
+        yet, posted while it was down, is answered)."""
         assert self.bridge is not None and self.transport is not None
         places = await self.bridge.known_places(PLATFORM)
+        first_after: str | None = None
+        hours = self.settings.options.catch_up_hours
+        if hours > 0:
+            assert self.client is not None
+            # The session opened (READY) before its guilds arrived: the channel list needs them.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.client.wait_until_ready(), self.settings.options.ready_timeout)
+            places += await self._readable_channels(places)
+            first_after = await self._look_back_bound(hours)
         places += await self._new_threads(places)
-        count = await self.bridge.catch_up(self.transport, places)
+        count = await self.bridge.catch_up(self.transport, places, first_after=first_after)
         self.caught_up_messages = count
-        log.info("discord: caught up %d missed message(s) in %d place(s)", count, len(places))
+        channels = len({(p.workspace, p.channel) for p in places})
+        self.catch_up_summary = f"caught up {count} message(s) in {channels} channel(s)"
+        log.info("discord: %s (%d place(s) with threads)", self.catch_up_summary, len(places))
+
+    async def _look_back_bound(self, hours: float) -> str | None:
+        """The id of a (virtual) message at the look-back bound: max(now - hours, first watch of any guild)."""
+        assert self.bridge is not None and self.client is not None
+        since = 0
+        for guild in self.client.guilds:
+            since = max(since, await self.bridge.watching_since(PLATFORM, str(guild.id)))
+        cutoff_ms = max(int(self.clock() * 1000 - hours * 3_600_000), since, DISCORD_EPOCH_MS)
+        return str((cutoff_ms - DISCORD_EPOCH_MS) << 22)
+
+    async def _readable_channels(self, known: list[Place]) -> list[Place]:
+        """Text channels of every guild the bot can read (view and read history) that are not known yet."""
+        assert self.client is not None
+        seen = {(p.workspace, p.channel) for p in known if p.thread is None}
+        found: list[Place] = []
+        for guild in self.client.guilds:
+            me = guild.me
+            for channel in guild.text_channels:
+                if me is not None:
+                    allowed = channel.permissions_for(me)
+                    if not (allowed.view_channel and allowed.read_message_history):
+                        continue
+                if (str(guild.id), str(channel.id)) not in seen:
+                    found.append(Place(PLATFORM, str(guild.id), str(channel.id)))
+        return found
 
     async def _new_threads(self, known: list[Place]) -> list[Place]:
-        """Active threads under known channels that the bridge has not seen yet: started (and maybe talked in)
-        while the bot was down."""
+        """Active threads under the channels of `known` that the bridge has not seen yet: started (and maybe
+        talked in) while the bot was down."""
         assert self.client is not None
         channels: dict[str, set[str]] = {}
         for place in known:
@@ -408,6 +448,7 @@ class DiscordAdapter:
                 user_name=user.display_name,
                 approve=approve,
                 user_groups=groups,
+                platform=PLATFORM,
             )
         except Exception:
             log.exception("discord: recording a click on gate %s failed", gate_id)

@@ -41,6 +41,9 @@ class DiscordOptions(BaseModel):
     run on mentions, replies to the bot and DMs only (the only messages whose text Discord then delivers)."""
     catch_up_limit: int = Field(1000, ge=0, le=100_000)
     """At most this many missed messages are read per channel or thread at startup."""
+    catch_up_hours: float = Field(24.0, ge=0, le=720)
+    """Look-back for guild channels and active threads the bot can read but has no conversation for yet (0: only
+    known ones). Never reaches back before the bot first watched the guild."""
     edit_age_limit: float = Field(3300.0, gt=0, le=3600)
     """Seconds after which a message (aged by the time in its id) is no longer edited: a streaming answer
     continues in a new message, a decided approval is announced in a reply. Discord refuses edits of messages

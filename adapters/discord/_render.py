@@ -7,6 +7,7 @@ import json
 import discord
 
 from adapters.bridge import GateView
+from adapters.bridge.text import neutralize_bidi
 from adapters.discord._markers import MARKER_COLOUR
 
 ARGUMENTS_LIMIT = 1000  # an embed field holds at most 1024 characters
@@ -69,7 +70,9 @@ def refusal_text(reason: str | None, status: str, decided_by: str | None) -> str
     if reason == "already_decided":
         if status == "expired":
             return "This request has expired."
-        return f"This request was already {status}" + (f" by {decided_by}." if decided_by else ".")
+        return f"This request was already {status}" + (
+            f" by {neutralize_bidi(decided_by)}." if decided_by else "."
+        )
     if reason == "expired":
         return "This request expired before your click."
     if reason == "unknown_gate":

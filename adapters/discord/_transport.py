@@ -16,6 +16,7 @@ import aiohttp
 import discord
 
 from adapters.bridge import (
+    DeleteRefused,
     EditExpired,
     GateView,
     IncomingMessage,
@@ -200,6 +201,17 @@ class DiscordTransport:
         self._check_editable(int(message_id), "edit")
         partial = self._channel(target).get_partial_message(int(message_id))
         await self._guard("edit", partial.edit(content=text, allowed_mentions=NO_MENTIONS))
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        partial = self._channel(target).get_partial_message(int(message_id))
+        try:
+            await self._guard("delete", partial.delete())
+        except MessageGone:
+            return  # deleted already (a repeat after a crash)
+        except RetryLater as error:
+            if isinstance(error.__cause__, discord.Forbidden):
+                raise DeleteRefused(str(error)) from error.__cause__
+            raise
 
     async def find(self, target: Place, key: str) -> str | None:
         footer = footer_for(target, key)

@@ -108,6 +108,7 @@ class WebApi:
             "conversations.replies": ("bot", self._conversations_replies),
             "conversations.info": ("bot", self._conversations_info),
             "users.info": ("bot", self._users_info),
+            "users.conversations": ("bot", self._users_conversations),
             "usergroups.users.list": ("bot", self._usergroups_users_list),
             "reactions.add": ("bot", self._reactions_add),
             "assistant.threads.setStatus": ("bot", self._assistant_set_status),
@@ -348,6 +349,30 @@ class WebApi:
             self.ws.bot_user_id, include_num_members=truthy(args.get("include_num_members"))
         )
         return {"ok": True, "channel": data}, False
+
+    async def _users_conversations(self, args: JsonDict) -> tuple[JsonDict, bool]:
+        """The conversations the bot is a member of, of the requested `types`, in id order, paged."""
+        kinds = {"public_channel": "public", "private_channel": "private", "im": "im", "mpim": "mpim"}
+        requested = str(args.get("types") or "public_channel").split(",")
+        if any(t.strip() not in kinds for t in requested):
+            raise SlackError("invalid_types")
+        wanted = {kinds[t.strip()] for t in requested}
+        exclude_archived = truthy(args.get("exclude_archived"))
+        found = [
+            c
+            for c in sorted(self.ws.channels.values(), key=lambda c: c.id)
+            if c.kind in wanted and self.ws.bot_user_id in c.members and not (exclude_archived and c.archived)
+        ]
+        raw_cursor = str(args.get("cursor") or "")
+        start = int(raw_cursor[len("offset:") :]) if raw_cursor.startswith("offset:") else 0
+        limit = _limit(args, default=100, maximum=1000)
+        page = found[start : start + limit]
+        more = start + limit < len(found)
+        return {
+            "ok": True,
+            "channels": [c.to_api(self.ws.bot_user_id) for c in page],
+            "response_metadata": {"next_cursor": f"offset:{start + limit}" if more else ""},
+        }, False
 
     async def _users_info(self, args: JsonDict) -> tuple[JsonDict, bool]:
         user = self.ws.users.get(str(args.get("user") or ""))

@@ -45,7 +45,8 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.bridge import ApprovalDoc, Bridge, Decision, TransportError, valid_payload
+from adapters.bridge import ApprovalDoc, Bridge, Decision, Place, TransportError, valid_payload
+from adapters.bridge.text import neutralize_bidi
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
 from adapters.slack._socket import WatchedSocketModeClient
@@ -54,6 +55,7 @@ from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, pars
 from adapters.slack.directory import Directory
 from adapters.slack.events import MalformedEvent, human_message
 from adapters.slack.payloads import decode_body, malformed, signature_headers_acceptable, signature_valid
+from adapters.slack.safe_text import slack_text
 from adapters.slack.transport import SlackTransport
 
 log = logging.getLogger("adapters.slack")
@@ -93,7 +95,8 @@ def refusal_text(decision: Decision, tool: str) -> str:
         if decision.status == "expired":
             return f"This request for `{tool}` already expired."
         return (
-            f"This request for `{tool}` was already {decision.status} by {decision.decided_by or 'someone'}."
+            f"This request for `{tool}` was already {decision.status} by "
+            f"{slack_text(neutralize_bidi(decision.decided_by or 'someone'))}."
         )
     template = REFUSALS.get(decision.reason or "", "Your click was not counted ({reason}).")
     return template.format(tool=tool, reason=decision.reason)
@@ -112,6 +115,7 @@ class SlackAdapter:
         self.bridge: Bridge | None = None
         self.transport: SlackTransport | None = None
         self.team_id: str | None = None
+        self.catch_up_summary: str | None = None  # what the start-up catch-up did (the runtime prints it)
         self.bot_user_id: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: AsyncWebClient | None = None
@@ -218,12 +222,24 @@ class SlackAdapter:
             await session.close()
 
     async def _catch_up(self) -> None:
-        assert self.bridge is not None and self.transport is not None
+        """Known places from their last message seen; every other conversation the bot is in (a mention in a
+        channel nobody used with the bot yet, posted while it was down) back to the look-back bound."""
+        assert self.bridge is not None and self.transport is not None and self.team_id is not None
         places = [p for p in await self.bridge.known_places("slack") if p.workspace == self.team_id]
-        if not places:
-            return
-        count = await self.bridge.catch_up(self.transport, places)
-        log.info("Slack: caught up on %d message(s) in %d place(s)", count, len(places))
+        first_after: str | None = None
+        hours = self.options.catch_up_hours
+        if hours > 0:
+            since_ms = await self.bridge.watching_since("slack", self.team_id)
+            cutoff_ms = max(int(time.time() * 1000 - hours * 3_600_000), since_ms)
+            first_after = f"{cutoff_ms // 1000}.{cutoff_ms % 1000:03d}000"
+            known = {p.channel for p in places if p.thread is None}
+            for channel in await self.transport.member_channels():
+                if channel not in known:
+                    places.append(Place("slack", self.team_id, channel))
+        count = await self.bridge.catch_up(self.transport, places, first_after=first_after)
+        channels = len({p.channel for p in places})
+        self.catch_up_summary = f"caught up {count} message(s) in {channels} channel(s)"
+        log.info("Slack: %s", self.catch_up_summary)
 
     # --- bolt ---------------------------------------------------------------------------------------------------
 
@@ -336,7 +352,7 @@ class SlackAdapter:
                 )
                 return
         decision = await bridge.decide(
-            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups
+            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups, platform="slack"
         )
         log.info(
             "Slack: %s clicked %s on gate %s: %s",

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from adapters.bridge import GateView
+from adapters.slack.safe_text import slack_text
 
 ACTION_PREFIX = "durable_bots_gate"
 ACTION_PATTERN = re.compile(rf"^{ACTION_PREFIX}:(approve|deny):(\d+)$")
@@ -41,7 +42,7 @@ def slack_date(ms: int | None) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return slack_text(text)
 
 
 def _arguments(gate: GateView) -> str:
@@ -79,8 +80,10 @@ def outcome(gate: GateView) -> str:
 
 def fallback_text(gate: GateView) -> str:
     if gate.status == "pending":
-        return f"Approval needed: {gate.tool} (requested by {gate.requester_name or 'a scheduled run'})"
-    return f"{gate.tool}: {outcome(gate)}"
+        return slack_text(
+            f"Approval needed: {gate.tool} (requested by {gate.requester_name or 'a scheduled run'})"
+        )
+    return f"{slack_text(gate.tool)}: {outcome(gate)}"
 
 
 def approval_blocks(gate: GateView) -> list[dict[str, Any]]:

@@ -45,7 +45,11 @@ class SlackOptions(BaseModel):
     stream: bool = True
     """Stream partial answers inside threads with `chat.startStream`/`appendStream`/`stopStream`."""
     catch_up: bool = True
-    """On start, read history of known channels/threads since the last message seen."""
+    """On start, read history of known channels/threads since the last message seen, and of every other
+    conversation the bot is a member of (`users.conversations`) back to `catch_up_hours`."""
+    catch_up_hours: float = Field(default=24.0, ge=0.0, le=720.0)
+    """Look-back for conversations the bot has no conversation for yet (0: only known ones). Never reaches
+    back before the bot first watched the workspace."""
     catch_up_limit: int = Field(default=1000, ge=0)
     """At most this many messages per place on catch-up."""
     reconcile_limit: int = Field(default=1000, ge=1)

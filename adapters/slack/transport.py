@@ -24,8 +24,9 @@ not streamed by this process is such an orphan; it is adopted for the key and st
 crash or a concurrent lookup finds it by metadata instead. The restarted bridge then edits it with
 `chat.update`: no second message.
 
-A message this process did not create (posted before a restart) may be a stream a crash left open, so its
-first edit in this process stops any stream on it (with the key) before the `chat.update`.
+A thread reply this process did not create (posted before a restart) may be a stream a crash left open, so its
+first edit in this process stops any stream on it (with the key) before the `chat.update`. A top-level message
+never streamed, so it is updated straight away.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.bridge import (
+    DeleteRefused,
     EditExpired,
     GateView,
     IncomingMessage,
@@ -56,6 +58,7 @@ from adapters.slack.blocks import approval_blocks, fallback_text
 from adapters.slack.config import SlackOptions
 from adapters.slack.directory import Directory
 from adapters.slack.events import HumanMessage, MalformedEvent, human_message
+from adapters.slack.safe_text import slack_text
 
 if TYPE_CHECKING:
     from adapters.bridge import Bridge
@@ -167,6 +170,7 @@ class SlackTransport:
         self, target: Place, text: str, key: str, *, final: bool = False, requester: str | None = None
     ) -> str:
         self._check_open()
+        text = slack_text(text)  # shown, never interpreted: no broadcast, no mention, no markup from answers
         # Only a reply the model is still writing streams (a final text is one chat.postMessage). Streaming
         # into a channel (not a DM) needs the recipient: the asker.
         if self.options.stream and not self._stream_refused and target.thread is not None and not final:
@@ -213,14 +217,17 @@ class SlackTransport:
 
     async def edit(self, target: Place, message_id: str, text: str, key: str, *, final: bool) -> None:
         self._check_open()
+        text = slack_text(text)
         stream = self._streams.get(message_id)
         if stream is not None:
             await self._edit_stream(target, message_id, stream, text, key, final=final)
             return
         if message_id not in self._plain:
             # Posted before this process started (or a stream call's outcome is unknown): a stream may still
-            # be open on it. Stop it, stamping the key, then replace the text.
-            await self._end_stream(target.channel, message_id, key)
+            # be open on it. Stop it, stamping the key, then replace the text. Only thread replies ever stream
+            # (and only with streaming on): stopping anything else would be a wasted, rate-limited call.
+            if target.thread is not None and self.options.stream:
+                await self._end_stream(target.channel, message_id, key)
             self._plain.add(message_id)
         await self._update(target, message_id, text, key)
         if final:
@@ -300,6 +307,23 @@ class SlackTransport:
             if exc.error == "edit_window_closed":
                 raise EditExpired(str(exc)) from None
             raise
+
+    async def delete(self, target: Place, message_id: str, key: str) -> None:
+        self._check_open()
+        self._streams.pop(message_id, None)  # a deleted message ends its stream too
+        try:
+            await call(
+                "chat.delete", self.client.chat_delete(channel=target.channel, ts=message_id), self.governor
+            )
+        except SlackCallError as exc:
+            if exc.error == "message_not_found":
+                return  # deleted already (a repeat after a crash)
+            if exc.error == "cant_delete_message":
+                raise DeleteRefused(str(exc)) from None
+            raise
+        except SlackPermanentError as exc:
+            raise DeleteRefused(str(exc)) from None
+        self._plain.discard(message_id)
 
     # --- reconciliation -----------------------------------------------------------------------------------------
 
@@ -422,6 +446,43 @@ class SlackTransport:
                 if target.thread is not None and exc.error == "thread_not_found":
                     return None
                 raise
+
+    async def member_channels(self) -> list[str]:
+        """Ids of every conversation the bot is a member of (channels, private channels, DMs, group DMs), for
+        catch-up. A type the token has no scope for is skipped with a warning, not an error."""
+        self._check_open()
+        found: list[str] = []
+        for kind in ("public_channel", "private_channel", "im", "mpim"):
+            cursor: str | None = None
+            waited = 0
+            while True:
+                await self.governor.acquire("catch-up", interval=0.0)  # sits out a Retry-After back-off
+                try:
+                    data = await call(
+                        "users.conversations",
+                        self.client.users_conversations(
+                            types=kind, exclude_archived=True, limit=_PAGE, cursor=cursor
+                        ),
+                        self.governor,
+                    )
+                except RetryLater:
+                    if waited < _PATIENCE:
+                        waited += 1
+                        continue
+                    log.warning("catch-up cannot list %s conversations: rate limited", kind)
+                    break
+                except (SlackCallError, SlackPermanentError, TransportError) as exc:
+                    log.warning("catch-up cannot list %s conversations: %s", kind, exc)
+                    break
+                for channel in data.get("channels") or []:
+                    if isinstance(channel, dict) and isinstance(channel.get("id"), str):
+                        found.append(channel["id"])
+                        if kind == "im":
+                            self.directory.note_channel_type(channel["id"], "im")
+                cursor = (data.get("response_metadata") or {}).get("next_cursor") or None
+                if not cursor:
+                    break
+        return list(dict.fromkeys(found))
 
     # --- approvals ----------------------------------------------------------------------------------------------
 

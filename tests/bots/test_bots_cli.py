@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import socket
+import stat
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,9 @@ async def test_inspect_lists_a_parked_task_and_retry_runs_it(tmp_path: Path) -> 
     to_file = await cli(config, "export", str(conversation["id"]), "--out", str(out), env=env)
     assert to_file.returncode == 0 and f"wrote {len(entries)} entries" in to_file.stderr
     assert [json.loads(line) for line in out.read_text().splitlines()] == entries
+    assert (
+        stat.S_IMODE(out.stat().st_mode) == 0o600
+    )  # private like every file the bot writes, whatever the umask
 
 
 async def test_retry_of_an_unknown_task_and_export_of_an_unknown_conversation_fail_clearly(

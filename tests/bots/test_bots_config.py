@@ -184,3 +184,101 @@ def test_shipped_configs_are_valid(name: str, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert "OK" in capsys.readouterr().out
+
+
+def test_check_config_never_prints_webhook_credentials_or_query(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Procfile's release phase runs check-config: whatever it prints lands in deploy logs.
+    monkeypatch.setenv(
+        "DEPLOY_WEBHOOK_URL", "https://deployer:hunter2@deploy.example/hook?token=s3cret&env=prod"
+    )
+    path = tmp_path / "bot.toml"
+    path.write_text('[approvals]\napprovers = ["lead"]\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "deploy: webhook https://***@deploy.example/hook?token=***&env=***" in out
+    assert "hunter2" not in out and "s3cret" not in out and "deployer" not in out
+
+
+def test_bare_approver_ids_are_refused_as_ambiguous_when_several_adapters_run() -> None:
+    several = '[approvals]\napprovers = ["lead", "slack:U0LEAD"]\ngroups = ["S1"]\n[adapters.slack]\n[adapters.devchat]\n'
+    assert problems(several) == [
+        "bot.toml:2: approvals.approvers[0]: 'lead' is ambiguous with several adapters (slack, devchat): write "
+        "it as '<platform>:lead', e.g. 'slack:lead'",
+        "bot.toml:3: approvals.groups[0]: 'S1' is ambiguous with several adapters (slack, devchat): write it as "
+        "'<platform>:S1', e.g. 'slack:S1'",
+    ]
+    one = parse_config('[approvals]\napprovers = ["lead"]\n[adapters.devchat]\n', "bot.toml")
+    assert one.approvals.approvers == ["lead"]  # one platform: a bare id is still accepted
+    (unknown,) = problems('[approvals]\napprovers = ["slak:U0LEAD"]\n')
+    assert unknown.startswith("bot.toml:2: approvals.approvers[0]: unknown platform 'slak' in 'slak:U0LEAD'")
+
+
+async def test_run_refuses_bare_approvers_when_adapter_flags_start_several(tmp_path: Path) -> None:
+    from bots.runtime import BotError, run_bot
+
+    config = parse_config(f'[storage]\npath = "{tmp_path / "x.sqlite"}"\n[approvals]\napprovers = ["lead"]\n')
+    with pytest.raises(BotError) as caught:
+        await run_bot(config, ["devchat", "slack"], {})
+    assert "approvals.approvers[0]: 'lead' is ambiguous with several adapters (devchat, slack)" in str(
+        caught.value
+    )
+    assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_check_config_refuses_a_remote_devchat_without_a_token_and_warns_with_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DEVCHAT_TOKEN", raising=False)
+    path = tmp_path / "bot.toml"
+    path.write_text(
+        '[approvals]\napprovers = ["lead"]\n[adapters.devchat]\nhost = "0.0.0.0"\nallow_remote = true\n'
+    )
+    assert main(["check-config", "--config", str(path)]) == 1
+    assert "DEVCHAT_TOKEN" in capsys.readouterr().err
+    monkeypatch.setenv("DEVCHAT_TOKEN", "a-long-random-devchat-token")
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: devchat: devchat listens on 0.0.0.0" in out and "unauthenticated names" in out
+    assert "a-long-random-devchat-token" not in out
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "what"),
+    [
+        (
+            '[bot]\ninstructions = "post with xoxb-1234-5678-abcdefgh please"\n',
+            "bot.instructions",
+            "a Slack token",
+        ),
+        ('[bot]\ninstructions = "refresh: xoxe.xoxp-1-Mi0yLTEyMzQ"\n', "bot.instructions", "a Slack refresh"),
+        (
+            '[bot]\ninstructions = "MTA1MjM0NTY3ODkwMTIzNDU2Nzg5.GaBcDe.abcdefghijklmnopqrstuvwxyz0123"\n',
+            "bot.instructions",
+            "a Discord bot token",
+        ),
+        (
+            '[deploy]\nwebhook_url = "https://deploy.example/hook?token=abc123"\n',
+            "deploy.webhook_url",
+            "a URL carrying a credential in its query",
+        ),
+        (
+            '[adapters.devchat]\nnote = "https://hooks.slack.com/services/T0/B0/XXXXXXXX"\n',
+            "adapters.devchat.note",
+            "a Slack incoming-webhook URL",
+        ),
+    ],
+)
+def test_secrets_inside_values_are_found(toml: str, key: str, what: str) -> None:
+    found = problems(toml + "[approvals]\ntools = []\n")
+    assert any(p.startswith(f"bot.toml:2: {key}: this value looks like {what}") for p in found), found
+    assert all("abc123" not in p and "XXXXXXXX" not in p for p in found)  # the secret is not repeated
+
+
+def test_ordinary_text_and_urls_are_not_secrets() -> None:
+    config = parse_config(
+        '[bot]\ninstructions = "Check https://status.example/?page=2 and the sk-learn docs; token counts matter."\n'
+        '[deploy]\nwebhook_url = "https://deploy.example/hooks/deploy?env=prod"\n[approvals]\ntools = []\n'
+    )
+    assert config.deploy.webhook_url == "https://deploy.example/hooks/deploy?env=prod"

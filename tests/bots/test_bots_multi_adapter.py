@@ -49,6 +49,9 @@ async def test_slack_discord_and_devchat_in_one_process_each_get_their_answer(tm
             ready = await bot.wait_for(lambda line: line.startswith("durable-bots: ready"), 60)
             assert ready is not None, f"{bot.output()}\n{await bot.stderr()}"
             assert ready.startswith("durable-bots: ready (slack, discord, devchat)"), ready
+            # Each platform says what its start-up catch-up covered: every channel the bot is in.
+            assert "slack: caught up 0 message(s) in 1 channel(s)" in bot.lines, bot.lines
+            assert "discord: caught up 0 message(s) in 1 channel(s)" in bot.lines, bot.lines
             (url,) = [line.split()[1] for line in bot.lines if line.startswith("devchat: http://")]
 
             await slack.user_posts(slack_general, alice, "hello from slack")

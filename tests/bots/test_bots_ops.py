@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import respx
 
 from adapters.bridge import ApprovalDoc, IncomingMessage, Place
 from adapters.bridge.testing import MemoryTransport
+from adapters.redact import install_log_redaction
 from bots.config import BotConfig, parse_config
 from bots.ops import ops_extension, search_log_files, ticket_key, tracker_open
 from bots.runtime import Runtime, open_runtime, sync_agents
@@ -95,8 +97,8 @@ class Bot:
 async def start_bot() -> AsyncIterator[Callable[[BotConfig], Awaitable[Bot]]]:
     started: list[Runtime] = []
 
-    async def start(config: BotConfig) -> Bot:
-        runtime = await open_runtime(config, {"DURABLE_BOTS_DEMO_DELAY_MS": "0"})
+    async def start(config: BotConfig, env: dict[str, str] | None = None) -> Bot:
+        runtime = await open_runtime(config, {"DURABLE_BOTS_DEMO_DELAY_MS": "0", **(env or {})})
         started.append(runtime)
         platform = MemoryTransport("memory")
         runtime.bridge.attach(platform)
@@ -138,6 +140,33 @@ def test_search_logs_reads_the_configured_logs() -> None:
     one_file = search_log_files(LOGS / "payments.log", "ledger", 50)
     assert "payments.log:3:" in str(one_file.content)
     assert search_log_files(LOGS / "missing", "x", 50).is_error
+
+
+def test_tool_errors_name_the_config_key_and_leave_the_path_to_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = tmp_path / "srv" / "secret-layout" / "logs"
+    result = search_log_files(missing, "x", 50)
+    assert result.is_error and "logs.path" in str(result.content)
+    assert str(tmp_path) not in str(result.content) and "secret-layout" not in str(result.content)
+    assert str(missing) in caplog.text  # the operator still learns which path
+
+
+async def test_a_tool_that_cannot_write_its_file_says_which_setting_not_which_path(
+    tmp_path: Path, start_bot: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory should be")
+    config = config_for(tmp_path, f'[deploy]\nrecord_path = "{blocked / "deploys.jsonl"}"\n')
+    bot = await start_bot(config)
+    await bot.say("100.1", "deploy checkout 1.4.3")
+    gate_id, _ = await bot.next_gate()
+    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+    await bot.settle()
+    answers = "\n".join(bot.answers())
+    assert "Could not write the local deploy record (deploy.record_path)" in answers
+    assert str(tmp_path) not in answers
+    assert str(blocked / "deploys.jsonl") in caplog.text
 
 
 def test_open_ticket_is_keyed_by_its_normalized_title(tmp_path: Path) -> None:
@@ -194,6 +223,25 @@ async def test_demo_incident_waits_for_approval_then_deploys_with_the_idempotenc
         and approval.gate.status == "approved"
         and approval.gate.decided_by == "lead"
     )
+
+
+async def test_the_webhook_url_is_logged_without_its_credentials_or_query(
+    tmp_path: Path, start_bot: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    install_log_redaction()  # what `python -m bots` does before anything logs
+    caplog.set_level(logging.DEBUG)
+    secret_url = "https://deployer:hunter2@deploy.test/hooks/deploy?token=s3cret"
+    bot = await start_bot(config_for(tmp_path), {"DEPLOY_WEBHOOK_URL": secret_url})
+    with respx.mock(assert_all_called=False) as mock:
+        hook = mock.post(url__startswith="https://deploy.test/hooks/deploy").respond(202)
+        await bot.say("100.1", "deploy checkout 1.4.3")
+        gate_id, _ = await bot.next_gate()
+        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+        await bot.settle()
+    assert hook.call_count == 1
+    assert "HTTP Request: POST https://***@deploy.test/hooks/deploy?token=***" in caplog.text  # httpx, INFO
+    assert "hunter2" not in caplog.text and "s3cret" not in caplog.text
+    assert all("s3cret" not in answer and "hunter2" not in answer for answer in bot.answers())
 
 
 async def test_demo_deploy_denied_or_self_approved_runs_nothing(tmp_path: Path, start_bot: Any) -> None:

@@ -59,8 +59,8 @@ class Rig:
     def adapter(self) -> DevchatAdapter:
         return self.adapters[-1]
 
-    async def start_adapter(self, **options: Any) -> DevchatAdapter:
-        adapter = create({"port": 0, "store": str(self.store_path), **options}, {})
+    async def start_adapter(self, env: dict[str, str] | None = None, **options: Any) -> DevchatAdapter:
+        adapter = create({"port": 0, "store": str(self.store_path), **options}, env or {})
         await adapter.start(self.bridge)
         self.adapters.append(adapter)
         return adapter

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters.bridge import GateView, MessageGone, Place
+from adapters.bridge import DeleteRefused, GateView, MessageGone, Place
 from adapters.devchat import ChatStore, DevchatConfigError, DevchatTransport, StoreLocked, create
 from adapters.devchat.transport import mentions
 
@@ -166,4 +166,32 @@ def test_create_validates_options_and_names_the_key(tmp_path: Path) -> None:
         create({"channels": ["Not A Channel"]}, {})
     with pytest.raises(DevchatConfigError, match=r"adapters\.devchat\.host: '0\.0\.0\.0' is not a loopback"):
         create({"host": "0.0.0.0"}, {})
-    assert create({"host": "0.0.0.0", "allow_remote": True}, {}).options.host == "0.0.0.0"
+    # Off loopback an access token is required (from the environment only), and the operator is warned.
+    with pytest.raises(DevchatConfigError, match=r"adapters\.devchat\.allow_remote: .* set DEVCHAT_TOKEN"):
+        create({"host": "0.0.0.0", "allow_remote": True}, {})
+    with pytest.raises(DevchatConfigError, match=r"DEVCHAT_TOKEN is too short"):
+        create({"host": "0.0.0.0", "allow_remote": True}, {"DEVCHAT_TOKEN": "short"})
+    with pytest.raises(DevchatConfigError, match=r"adapters\.devchat\.token: secrets do not belong"):
+        create({"token": "x" * 20}, {})
+    remote = create({"host": "0.0.0.0", "allow_remote": True}, {"DEVCHAT_TOKEN": "k" * 24})
+    assert remote.options.host == "0.0.0.0" and remote.options.token == "k" * 24
+    assert "k" * 24 not in repr(remote.options)
+    (warning,) = remote.warnings
+    assert "devchat identities are unauthenticated names" in warning
+    assert create({}, {}).warnings == []
+
+
+async def test_delete_removes_a_part_repeats_harmlessly_and_refuses_a_thread_parent(store: ChatStore) -> None:
+    chat = transport(store)
+    seen: list[list[dict[str, Any]]] = []
+    store.listeners.append(seen.append)
+    extra = await chat.create(GENERAL, "old tail", "reply:7#1")
+    await chat.delete(GENERAL, extra, "reply:7#1")
+    await chat.delete(GENERAL, extra, "reply:7#1")  # again after a crash: already gone is no error
+    assert await store.message(int(extra)) is None
+    assert await chat.find(GENERAL, "reply:7#1") is None
+    assert [e["type"] for batch in seen for e in batch] == ["message", "deleted"]  # the page drops it
+    parent = await chat.create(GENERAL, "answered in a thread", "reply:8#1")
+    await store.add_human("general", int(parent), author="alice", text="about this", client_id="c1")
+    with pytest.raises(DeleteRefused):  # the bridge blanks it instead: the thread stays readable
+        await chat.delete(GENERAL, parent, "reply:8#1")

@@ -10,7 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from adapters.bridge import IncomingMessage, MessageDoc, Place
+from adapters.bridge import ApprovalDoc, IncomingMessage, MessageDoc, Place
+from adapters.bridge.testing import MemoryTransport
 from adapters.devchat import ChatStore
 from adapters.devchat.adapter import workspace_of
 
@@ -172,6 +173,68 @@ async def test_devchat_approver_list_narrows_the_policy(
     assert rig.runs == []  # denied
 
 
+@pytest.mark.parametrize("second_platform", [False, True])
+async def test_a_devchat_user_typing_a_slack_approvers_id_cannot_approve(
+    rig_factory: Callable[..., Awaitable[Rig]], second_platform: bool
+) -> None:
+    # Namespaced entries match only on their platform; a bare one only while a single platform runs.
+    approvers = ["U0LEADSLACK", "devchat:boss"] if second_platform else ["slack:U0LEADSLACK", "devchat:boss"]
+    rig = await rig_factory(approvers=approvers)
+    if second_platform:
+        rig.bridge.attach(MemoryTransport("slack"))
+    await rig.bridge.start()
+    await rig.start_adapter()
+    rig.harness.resume()
+    alice, _ = await rig.hello()
+    await alice.send(**post("client-0006", "@bot deploy api", channel="ops"))
+    frame = await alice.until(lambda f: any(m["kind"] == "approval" for m in message_events(f)))
+    gate = next(m for m in message_events(frame) if m["kind"] == "approval")["gate"]["gate_id"]
+    mallory, _ = await rig.hello()
+    await mallory.send(type="click", name="U0LEADSLACK", gate=gate, approve=True)
+    refused = await mallory.until(lambda f: f["type"] == "notice")
+    assert refused["level"] == "error" and "U0LEADSLACK is not an approver" in refused["text"]
+    assert rig.runs == []
+    await mallory.send(type="click", name="boss", gate=gate, approve=True)
+    assert (await mallory.until(lambda f: f["type"] == "notice" and f is not refused))["level"] == "info"
+    await alice.until(final_bot("Deploy finished"))
+    assert rig.runs == ["api"]
+
+
+@pytest.mark.parametrize("all_platforms", [False, True])
+async def test_the_panel_shows_and_retries_only_devchats_own_work_unless_configured(
+    rig_factory: Callable[..., Awaitable[Rig]], all_platforms: bool
+) -> None:
+    rig = await rig_factory(approvers=["slack:U0LEAD", "devchat:boss"])
+    slack = MemoryTransport("slack")
+    rig.bridge.attach(slack)
+    await rig.bridge.start()
+    await rig.start_adapter(all_platforms=all_platforms)
+    rig.harness.resume()
+    slack_place = Place("slack", "T1", "C1")
+    await rig.bridge.intake(
+        IncomingMessage(slack_place, "1.1", "U0ALICE", "alice", "deploy api", mentions_bot=True)
+    )
+    page, _ = await rig.hello()
+    await page.send(**post("client-0007", "@bot deploy api", channel="ops"))
+    panel = await page.until(
+        lambda f: f["type"] == "panel" and len(f["approvals"]) == (2 if all_platforms else 1)
+    )
+    places = sorted(a["place"] for a in panel["approvals"])
+    assert places == (["#ops", "slack:C1"] if all_platforms else ["#ops"])
+    slack_gate = next(
+        int(key)
+        for key, gate in (await rig.bridge.harness.family(ApprovalDoc)).items()
+        if gate["target"]["platform"] == "slack"
+    )
+    assert all(t["place"] != "slack:C1" for t in panel["tasks"]) or all_platforms
+    await page.send(type="retry", name="alice", task=slack_gate)
+    notice = await page.until(lambda f: f["type"] == "notice")
+    if all_platforms:
+        assert "Retry refused: not a devchat task" not in notice["text"]
+    else:
+        assert notice["text"] == "Retry refused: not a devchat task"
+
+
 async def test_a_click_on_a_gate_that_already_expired_says_it_expired(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
@@ -282,3 +345,40 @@ async def test_requests_from_other_origins_and_hosts_are_refused(rig: Rig) -> No
             assert response.status == 200
         async with http.get(rig.adapter.url + "static/..%2Fstore.py") as response:
             assert response.status in (403, 404)
+
+
+async def test_with_a_token_the_page_and_the_websocket_need_it(rig: Rig) -> None:
+    await rig.adapter.stop()
+    token = "t0k3n-for-devchat-tests"
+    adapter = await rig.start_adapter(env={"DEVCHAT_TOKEN": token})
+    url = adapter.url
+    async with aiohttp.ClientSession() as anonymous:
+        for path in ("", "?token=wrong-token-value", "static/app.js"):
+            async with anonymous.get(url + path, allow_redirects=False) as response:
+                assert response.status == 401, path
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await anonymous.ws_connect(url + "ws")
+        assert refused.value.status == 401
+        async with anonymous.get(url + "healthz") as response:
+            assert response.status == 200  # for supervisors; tells nothing about the chat
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:  # IP host
+        async with browser.get(url + f"?token={token}", allow_redirects=False) as response:
+            assert response.status == 303 and response.headers["Location"] == "/"
+            cookie = response.cookies["devchat_token"]
+            assert cookie.value == token and cookie["httponly"] and cookie["samesite"] == "Strict"
+        async with browser.get(url) as page:  # the cookie carries it from here on
+            assert page.status == 200 and "<html" in (await page.text()).lower()
+        ws = await browser.ws_connect(url + "ws")
+        await ws.send_json({"type": "hello", "cursor": None, "epoch": None})
+        assert (await ws.receive_json(timeout=10))["type"] == "snapshot"
+        await ws.close()
+
+
+async def test_the_panel_shows_bidi_controls_in_names_as_visible_tags(rig: Rig) -> None:
+    ops = Place("devchat", "local", "ops")
+    await rig.bridge.intake(
+        IncomingMessage(ops, "1", "eve", "\u202eyrollam", "deploy api", mentions_bot=True)
+    )
+    page, _ = await rig.hello()
+    panel = await page.until(lambda f: f["type"] == "panel" and f["approvals"])
+    assert panel["approvals"][0]["requester"] == "[U+202E]yrollam"

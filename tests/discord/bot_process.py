@@ -11,7 +11,8 @@ then shuts down gracefully. The tests SIGKILL it at chosen moments.
 
 The model is a `FauxProvider` answering from the request alone (so a restarted process answers the same):
 ``re <last user line>``; ``seen: <every user line in context>`` for "what do you see"; a 5,000-character
-answer with a code block for "long answer"; a `deploy` tool call for "please deploy" (then reports its result).
+answer with a code block for "long answer"; a `deploy` tool call for "please deploy" (then reports its result); for "look it up", 2,900 characters and a
+`lookup` call (which waits for ``<workdir>/release``), then "Short final answer.".
 ``deploy`` is approval-gated and not replay-safe; each run appends a line to ``<workdir>/ledger.txt``.
 """
 
@@ -41,7 +42,7 @@ from harness_core import (
 )
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
-from harness_core.models.faux import FauxProvider, faux_assistant, faux_tool_call
+from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
 from harness_core.storage import SqliteStorage
 
 WORKDIR = Path(sys.argv[1])
@@ -75,6 +76,8 @@ def user_lines(request: ModelRequest) -> list[str]:
 def respond(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
     if isinstance(last, ToolResultMessage):
+        if last.tool_name == "lookup":
+            return faux_assistant("Short final answer.")
         return faux_assistant(f"deploy result: {last.text()}")
     lines = user_lines(request)
     line = lines[-1]
@@ -83,6 +86,8 @@ def respond(request: ModelRequest) -> AssistantMessage:
         return faux_assistant("seen: " + " | ".join(lines))
     if "long answer" in line:
         return faux_assistant(long_answer())
+    if "look it up" in line:  # a long partial (two messages), a tool call, then a short answer
+        return faux_assistant([faux_text(long_answer()[:2900]), faux_tool_call("lookup", {}, id="lookup-1")])
     if "please deploy" in line:
         return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="deploy-1")])
     return faux_assistant(f"re {line}" + CONFIG.get("padding", ""))
@@ -93,6 +98,16 @@ def deploy(service: str, api: ToolApi) -> str:
     """Deploy a service (not safe to repeat: it runs only after an approver said yes)."""
     ledger(f"deploy {service} task={api.task_id}")
     return f"deployed {service}"
+
+
+@tool
+async def lookup(api: ToolApi) -> str:
+    """Look something up; waits until the test creates ``<workdir>/release`` (so it can see the partial)."""
+    for _ in range(3000):  # the file is the test's signal (another process): poll it, for a minute at most
+        if (WORKDIR / "release").exists():
+            break
+        await asyncio.sleep(0.02)
+    return "looked up"
 
 
 async def main() -> None:
@@ -125,7 +140,7 @@ async def main() -> None:
                 emit("delivered", reply=doc.record.key)
 
     harness.add_publication_listener(on_publication)
-    registry.install(Extension("ops", tools=[deploy]))
+    registry.install(Extension("ops", tools=[deploy, lookup]))
     adapter = create(CONFIG.get("adapter", {}), os.environ)
 
     stopping = asyncio.Event()

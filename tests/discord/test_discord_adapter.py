@@ -46,6 +46,7 @@ from adapters.discord.testing import (
     FakeRole,
     FakeUser,
 )
+from adapters.redact import install_log_redaction
 from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, tool
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
@@ -433,8 +434,10 @@ async def test_deciding_an_old_gate_replies_when_the_request_can_no_longer_be_ed
 
 
 async def test_deny_click_blocks_the_tool_and_unknown_gates_are_answered(
-    fake: FakeDiscord, world: World, rig_factory: Any
+    fake: FakeDiscord, world: World, rig_factory: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    install_log_redaction()  # what the bots runtime does before anything logs
+    caplog.set_level(logging.DEBUG)  # discord.py logs every request URL, interaction tokens included
     rig = await rig_factory()
     await fake.user_sends(world.general, world.alice, "please deploy")
     gate = await fake.wait_for(
@@ -466,6 +469,9 @@ async def test_deny_click_blocks_the_tool_and_unknown_gates_are_answered(
     unknown = await fake.click(stray, "durable-bots:approve:999", world.carol)
     await fake.wait_for(lambda: unknown.followups, what="the answer")
     assert unknown.followups[0].ephemeral and "unknown" in unknown.followups[0].content
+    assert "/interactions/" in caplog.text and "/***/callback" in caplog.text
+    for interaction in (click, unknown):
+        assert interaction.token not in caplog.text
 
 
 # --- sessions -----------------------------------------------------------------------------------------------

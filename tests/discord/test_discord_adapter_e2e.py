@@ -311,3 +311,54 @@ async def test_messages_sent_while_the_bot_is_down_are_answered_once_after_resta
     assert [m.content for m in world.answers()] == ["re Alice: hello", "re Bobby: anyone there?"]
     assert [m.content for m in world.answers(thread) if m.type.value == 0] == [seen.content]
     assert len(fake.sessions) == 3 and all(s.resumes == 0 for s in fake.sessions)
+
+
+async def test_a_mention_in_a_channel_the_bot_never_talked_in_is_answered_after_a_restart(
+    fake: FakeDiscord, world: World, bots: Bots
+) -> None:
+    incidents = fake.add_text_channel(world.guild, "incidents")
+    await fake.user_sends(incidents, world.bob, "said before the bot ever ran")  # before its first watch
+    first = await bots.start()
+    assert (await first.ready())["caught_up"] == 0
+    assert await first.terminate() == 0
+
+    # While the bot is down: a first message in #incidents (no conversation there yet), and a thread there.
+    await fake.user_sends(incidents, world.alice, "is the api down?")
+    starter = await fake.user_sends(incidents, world.carol, "thread about the db")
+    thread = await fake.user_creates_thread(incidents, starter, "db", world.carol)
+    await fake.user_sends_in_thread(thread, world.carol, "what do you see here?")
+
+    second = await bots.start()
+    assert (await second.ready())["caught_up"] == 3  # two in #incidents, one in the new thread
+    await wait_text(fake, incidents, "re Alice: is the api down?")
+    await wait_final(fake, thread, "seen:")
+    assert not [m for m in world.answers(incidents) if "before the bot ever ran" in m.content]
+    assert "discord: caught up 3 message(s) in 2 channel(s)" in second.log()
+    assert await second.terminate() == 0
+
+
+async def test_leftover_parts_after_a_tool_call_are_deleted_even_across_a_sigkill_at_the_delete(
+    fake: FakeDiscord, world: World, bots: Bots, tmp_path: Path
+) -> None:
+    # The model streams ~2,900 characters (two messages), calls a tool, then answers briefly: the second
+    # message must go. The process dies when Discord applied that DELETE, before anything was recorded.
+    first = await bots.launch(chunk_size=100, delay_ms=40)
+    await first.ready()
+    await fake.user_sends(world.general, world.alice, "look it up")
+    await fake.wait_for(lambda: len(world.answers()) == 2, timeout=30, what="a partial in two messages")
+    await fake.wait_for(
+        lambda: "running `lookup`" in world.answers()[0].content, timeout=30, what="the tool running"
+    )
+    first_part, second_part = world.answers()
+    fake.kill_on("DELETE", MESSAGE_ROUTE, first.pid)
+    (tmp_path / "release").touch()
+    assert await first.wait() == -9
+    assert [m.id for m in world.answers()] == [first_part.id]  # the delete went through, unrecorded
+
+    second = await bots.start(chunk_size=100, delay_ms=40)
+    await wait_text(fake, world.general, "Short final answer.")
+    await second.wait_event("delivered")
+    assert [(m.id, m.content) for m in world.answers()] == [(first_part.id, "Short final answer.")]
+    deletes = fake.calls("DELETE", MESSAGE_ROUTE)
+    assert {d.path.rsplit("/", 1)[-1] for d in deletes} == {str(second_part.id)}
+    assert [d.status for d in deletes][-1] == 404  # repeated after the restart: already gone, not an error

@@ -4,7 +4,8 @@
 
 The model is a `FauxProvider` scripted from the request, so every process (and every restart) answers alike:
 "deploy" asks for the approval-gated `deploy` tool (not replay-safe; every run is appended to
-`<workdir>/ledger.txt`), "story" writes a long streamed answer, anything else is answered with
+`<workdir>/ledger.txt`), "story" writes a long streamed answer, "look it up" streams ~2,900 characters, calls `lookup`, then answers
+"Short final answer.", anything else is answered with
 "answer to <input> [saw: <every user input in context>]" so tests can see what a conversation (or a thread's
 fork) contains.
 
@@ -67,6 +68,8 @@ def ledger(line: str) -> None:
 def respond(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
     if isinstance(last, ToolResultMessage):
+        if last.tool_name == "lookup":
+            return faux_assistant("Short final answer.")
         return faux_assistant(f"deploy finished: {last.text()}")
     users = [user_text(m) for m in request.messages if isinstance(m, UserMessage)]
     asked = users[-1] if users else ""
@@ -77,6 +80,9 @@ def respond(request: ModelRequest) -> AssistantMessage:
                 faux_tool_call("deploy", {"service": "api"}, id="deploy-1"),
             ]
         )
+    if "look it up" in asked:  # a long partial (several messages), a tool call, then a short answer
+        long = " ".join(f"word{i}" for i in range(400))
+        return faux_assistant([faux_text(long), faux_tool_call("lookup", {}, id="lookup-1")])
     if "story" in asked:
         return faux_assistant(STORY)
     return faux_assistant(f"answer to {asked} [saw: {' | '.join(users)}]")
@@ -167,6 +173,11 @@ async def main() -> None:
         ledger(f"deploy {service} task={api.task_id}")
         return f"deployed {service}"
 
+    @tool
+    def lookup(api: ToolApi) -> str:
+        """Look something up (safe to repeat)."""
+        return "found"
+
     faux = GatedFaux(
         OPTIONS.get("hold"),
         chunk_size=int(OPTIONS.get("chunk_size", 8)),
@@ -193,7 +204,7 @@ async def main() -> None:
         ],
     )
     registry.install(bridge.extension())
-    registry.install(Extension("ops", tools=[deploy]))
+    registry.install(Extension("ops", tools=[deploy, lookup]))
     adapter = create(OPTIONS.get("slack", {}), os.environ)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

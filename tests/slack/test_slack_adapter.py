@@ -8,6 +8,7 @@ import itertools
 
 from slack_e2e import STORY, Bots, People, replies_of_bot
 
+from adapters.slack.safe_text import slack_text
 from adapters.slack.testing import Channel, FakeSlack, RecordedCall, SocketConnection
 
 
@@ -30,7 +31,7 @@ async def test_one_post_delivered_eight_times_is_one_input_and_one_answer(
     assert {a.retry_num for d in post.deliveries for a in d.attempts} == {0, 1, 2, 3}
     await bot.stop()  # graceful: nothing in flight is left behind
     assert [m.text for m in replies_of_bot(fake, general)] == [answer.text]
-    assert answer.text == (
+    assert answer.text == slack_text(
         f"answer to Alice: <@{fake.bot_user_id}> status of the api? "
         f"[saw: Alice: <@{fake.bot_user_id}> status of the api?]"
     )
@@ -101,7 +102,7 @@ async def test_thread_replies_run_in_forks_that_see_the_channel_up_to_their_pare
     more = await fake.user_posts(general, people.alice, "tell me more", thread_ts=answer.ts)
     await more.wait_acked()
     in_thread = await fake.wait_for_message(general, thread_ts=answer.ts, contains="tell me more", timeout=10)
-    assert in_thread.text == (
+    assert in_thread.text == slack_text(
         f"answer to Alice: tell me more [saw: Alice: {mention} first question | Alice: tell me more]"
     )
 
@@ -110,7 +111,9 @@ async def test_thread_replies_run_in_forks_that_see_the_channel_up_to_their_pare
     await other.wait_acked()
     other_reply = await fake.wait_for_message(general, thread_ts=later.ts, contains="and this?", timeout=10)
     assert other_reply.text.endswith(
-        f"[saw: Alice: {mention} first question | Bob: later channel message | Bob: {mention} and this?]"
+        slack_text(
+            f"[saw: Alice: {mention} first question | Bob: later channel message | Bob: {mention} and this?]"
+        )
     )
 
     # The first thread goes on with its own history only.
@@ -118,7 +121,7 @@ async def test_thread_replies_run_in_forks_that_see_the_channel_up_to_their_pare
     await again.wait_acked()
     last = await fake.wait_for_message(general, thread_ts=answer.ts, contains="one more", timeout=10)
     assert last.text.endswith(
-        f"[saw: Alice: {mention} first question | Alice: tell me more | Carol: one more]"
+        slack_text(f"[saw: Alice: {mention} first question | Alice: tell me more | Carol: one more]")
     )
     await bot.stop()
     assert [m.text for m in replies_of_bot(fake, general)] == [answer.text]
@@ -221,11 +224,11 @@ async def test_new_threads_opened_while_the_bot_was_down_are_caught_up_and_answe
     ]
     # Each thread is a fork of #general at its parent: the answer's thread sees the channel up to the answer,
     # Bob's thread only what came before Bob's message.
-    assert more.text == (
+    assert more.text == slack_text(
         f"answer to Carol: {mention} more on that? "
         f"[saw: Bob: the api is slow today | Alice: {mention} first | Carol: {mention} more on that?]"
     )
-    assert slow.text == (
+    assert slow.text == slack_text(
         f"answer to Alice: {mention} how slow? [saw: Bob: the api is slow today | Alice: {mention} how slow?]"
     )
 
@@ -282,8 +285,8 @@ async def test_socket_mode_disconnect_frames_reconnect_and_lose_or_repeat_nothin
         f"{mention} after the reconnect": ["answering", "duplicate"],
     }
     assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
-        f"answer to Carol: {mention} caught in the refresh",
-        f"answer to Alice: {mention} after the reconnect",
+        slack_text(f"answer to Carol: {mention} caught in the refresh"),
+        slack_text(f"answer to Alice: {mention} after the reconnect"),
     ]
     assert len(fake.calls_to("apps.connections.open")) == 3
 
@@ -325,9 +328,9 @@ async def test_a_deaf_socket_is_replaced_and_what_was_lost_on_it_is_redelivered_
         "after the reconnect": ["answering", "duplicate"],
     }
     assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
-        f"answer to Bob: {mention} before",
-        f"answer to Alice: {mention} are you there?",
-        f"answer to Carol: {mention} after the reconnect",
+        slack_text(f"answer to Bob: {mention} before"),
+        slack_text(f"answer to Alice: {mention} are you there?"),
+        slack_text(f"answer to Carol: {mention} after the reconnect"),
     ]
     health = bot.event("stopped")["health"]
     assert health["connections_opened"] == 2 and health["reconnects"] == 1
@@ -392,8 +395,8 @@ async def test_rate_limits_and_a_lost_response_cost_no_message_and_no_duplicate(
     await bot.stop()
     assert len(lost.fired) == 1
     assert [m.text.split(" [")[0] for m in replies_of_bot(fake, general)] == [
-        f"answer to Alice: {mention} one",
-        f"answer to Bob: {mention} two",
+        slack_text(f"answer to Alice: {mention} one"),
+        slack_text(f"answer to Bob: {mention} two"),
     ]
     assert len([c for c in fake.calls_to("chat.postMessage") if c.effect_applied]) == 2
 

@@ -193,7 +193,7 @@ async def test_sigkill_after_post_before_the_outbox_record_is_reconciled_not_rep
     [stored] = replies_of_bot(fake, general)  # on Slack, but the bridge never learned its ts
 
     bot = await bots.start()
-    final = f"answer to Bob: <@{fake.bot_user_id}> what changed today?"
+    final = f"answer to Bob: &lt;@{fake.bot_user_id}&gt; what changed today?"  # quoted, never a mention
     await fake.wait_for(lambda: fake.message(general, stored.ts).text.startswith(final), 10)
     await bot.stop()
     assert [m.ts for m in replies_of_bot(fake, general)] == [stored.ts]
@@ -201,3 +201,41 @@ async def test_sigkill_after_post_before_the_outbox_record_is_reconciled_not_rep
     history_reads = fake.calls_to("conversations.history")
     assert any(c.args.get("include_all_metadata") in (True, "true", "1") for c in history_reads)
     assert post.message_delivery is not None
+
+
+async def test_sigkill_at_the_delete_of_a_leftover_part_is_finished_after_restart(
+    fake: FakeSlack, people: People, bots: Bots
+) -> None:
+    # ~3,000 characters stream into several 1,000-character messages, a tool runs, and the final answer is
+    # short: the extra messages are deleted. The process dies when Slack applied the first chat.delete.
+    general = fake.add_channel("general")
+    options: dict[str, Any] = {
+        "chunk_size": 100,
+        "delay_ms": 40,
+        "slack": {"edit_interval": 0.05, "max_chars": 1000},
+    }
+    bot = await bots.start({**options, "hold": {"when": "tool_result", "after_chunks": 1}})
+    await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> look it up")
+    await bot.wait_event("held")
+    # The short answer is in the first message; what the long partial left in the others must go.
+    await fake.wait_for(
+        lambda: replies_of_bot(fake, general)[0].text.startswith("Short final answer."),
+        15,
+        description="held",
+    )
+    first, *extra = replies_of_bot(fake, general)
+    delete = fake.kill_on("chat.delete", bot.pid, after_effect=True)
+    await bot.release()
+    assert await bot.wait_exit() == -9
+    assert len(delete.fired) == 1
+
+    bot = await bots.start(options)
+    await fake.wait_for(
+        lambda: [m.text for m in replies_of_bot(fake, general)] == ["Short final answer."], 15
+    )
+    await bot.stop()
+    assert [m.ts for m in replies_of_bot(fake, general)] == [first.ts]
+    assert all(fake.message(general, m.ts).deleted for m in extra)
+    deleted = [c.args.get("ts") for c in fake.calls_to("chat.delete")]
+    assert len(extra) >= 2 and set(deleted) == {m.ts for m in extra}
+    assert len(deleted) == len(extra) + 1  # the one deleted before the kill was asked again: not an error

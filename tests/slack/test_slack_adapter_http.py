@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from slack_e2e import Bots, People, approval_messages, button, replies_of_bot
 
+from adapters.slack.safe_text import slack_text
 from adapters.slack.testing import FakeSlack
 
 HTTP = {"slack": {"mode": "http", "port": 0}}
@@ -80,7 +81,9 @@ async def test_bad_signatures_are_refused_and_malformed_payloads_lose_nothing(
     await post.wait_acked()
     answer = await fake.wait_for_message(general, contains="is the api up?", timeout=10)
     await bot.stop()
-    assert answer.text == f"answer to Alice: {mention} is the api up? [saw: Alice: {mention} is the api up?]"
+    assert answer.text == slack_text(
+        f"answer to Alice: {mention} is the api up? [saw: Alice: {mention} is the api up?]"
+    )
     assert [e["text"] for e in bot.intakes() if e["outcome"] != "duplicate"] == [f"{mention} is the api up?"]
     assert "forged" not in bot.log()  # refused before the body was looked at
     assert bot.log().count("missing, stale or invalid signature") == 3

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,17 +16,19 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
-from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, RetryLater
+from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place, RateGovernor, RetryLater
 from adapters.bridge.text import render_partial
+from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
-from adapters.slack.blocks import approval_blocks, parse_action
+from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
-from harness_core import AgentChange, Harness, ModelRef, Models, Registry
-from harness_core.messages import UserMessage, user_text
-from harness_core.models.faux import FauxProvider, faux_assistant
+from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
+from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
+from harness_core.models import ModelRequest
+from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
 from harness_core.storage import MemoryStorage
 
 ENV = {
@@ -173,6 +176,63 @@ async def test_platform_errors_become_the_bridges_errors(fake: FakeSlack, client
     await transport.update_approval(channel, ts, gate)  # gone: nothing to show it on, and no endless retry
 
 
+async def test_delete_removes_a_part_repeats_harmlessly_and_reports_a_refusal(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    ts = await transport.create(channel, "old tail", "reply:1#1")
+    await transport.delete(channel, ts, "reply:1#1")
+    assert fake.message(general, ts).deleted
+    await transport.delete(channel, ts, "reply:1#1")  # repeated after a crash: already gone is no error
+    assert await transport.find(channel, "reply:1#1") is None
+    theirs = fake.seed_message(general, "not ours", user=alice)
+    with pytest.raises(DeleteRefused):  # the bridge blanks such a part instead
+        await transport.delete(channel, theirs.ts, "reply:1#2")
+    assert len(fake.calls_to("chat.delete")) == 3
+
+
+async def test_answer_text_never_mentions_or_broadcasts(fake: FakeSlack, client: AsyncWebClient) -> None:
+    general = fake.add_channel("general")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    quoted = "mallory said <!channel> <!here|here> <@U0BOSS> & @everyone: see <https://evil.test|docs>"
+    shown = (
+        "mallory said &lt;!channel&gt; &lt;!here|here&gt; &lt;@U0BOSS&gt; &amp; @\u2060everyone: "
+        "see &lt;https://evil.test|docs&gt;"
+    )
+    ts = await transport.create(channel, quoted, "reply:1#0", final=True)
+    assert fake.message(general, ts).text == shown
+    await transport.edit(channel, ts, quoted + " (edited)", "reply:1#0", final=True)
+    assert fake.message(general, ts).text == shown + " (edited)"
+    for call in fake.calls_to("chat.postMessage") + fake.calls_to("chat.update"):
+        assert "<!" not in str(call.args) and "<@" not in str(call.args)
+    gate = GateView(7, "deploy", {"note": "<!channel>"}, None, "<!everyone> eve", "pending", None, None, 0)
+    assert "<!" not in fallback_text(gate) and "<!" not in str(approval_blocks(gate))
+
+
+async def test_after_a_restart_a_top_level_message_is_updated_without_a_stop_stream_first(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    parent = fake.seed_message(general, "a question", user=alice)
+    channel = Place("slack", fake.team_id, general.id)
+    thread = channel.in_thread(parent.ts)
+    before = transport_for(fake, client)
+    top = await before.create(channel, "partial …", "reply:1#0")
+    inside = await before.create(thread, "partial …", "reply:2#0")
+    after = transport_for(fake, client)  # the restarted process knows neither message
+    await after.edit(channel, top, "final", "reply:1#0", final=True)
+    assert [c.method for c in fake.calls if c.method.startswith("chat.")][-1:] == ["chat.update"]
+    assert fake.calls_to("chat.stopStream") == []  # only thread replies ever stream
+    await after.edit(thread, inside, "final", "reply:2#0", final=True)
+    assert len(fake.calls_to("chat.stopStream")) == 1  # a thread reply may be a stream a crash left open
+    assert fake.message(general, top).text == "final"
+
+
 class _Requests:
     """A bridge stand-in for `SlackTransport`: the reply of submission 1 is in progress, asked by alice."""
 
@@ -284,6 +344,7 @@ def test_approval_blocks_encode_the_gate_and_show_the_decision() -> None:
 async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_running(
     fake: FakeSlack, caplog: pytest.LogCaptureFixture
 ) -> None:
+    install_log_redaction()  # what the bots runtime does before anything logs
     caplog.set_level(logging.DEBUG)
     general = fake.add_channel("general")
     alice = fake.add_user("UALICE", name="alice")
@@ -313,6 +374,96 @@ async def test_adapter_in_process_answers_logs_no_secret_and_leaves_nothing_runn
     assert logged  # debug logging was on
     for secret in (fake.bot_token, fake.app_token, fake.signing_secret):
         assert secret not in logged
+    # slack-sdk logs the Socket Mode URL at DEBUG; its ticket opens a connection: masked.
+    assert "/link/?ticket=***&app_id=***" in logged
+    assert re.search(r"ticket=(?!\*\*\*)", logged) is None
+
+
+async def test_catch_up_covers_member_channels_without_a_place_back_to_the_first_start(
+    fake: FakeSlack,
+) -> None:
+    general = fake.add_channel("general")
+    incidents = fake.add_channel("incidents")  # the bot is a member; nobody talked to it there yet
+    fake.add_channel("elsewhere", bot_is_member=False)
+    alice = fake.add_user("UALICE", name="alice")
+    mention = f"<@{fake.bot_user_id}>"
+    fake.seed_message(incidents, f"{mention} from before the bot ever ran", user=alice)
+    faux = FauxProvider()
+    faux.set_responder(
+        lambda r: faux_assistant("re " + [user_text(m) for m in r.messages if isinstance(m, UserMessage)][-1])
+    )
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    await bridge.start()
+    harness.resume()
+    first = create({"mode": "socket"}, fake.env)
+    await first.start(bridge)
+    assert first.catch_up_summary == "caught up 0 message(s) in 2 channel(s)"  # general + incidents
+    await first.stop()
+
+    # While the bot is down: a mention in a channel that has no place yet.
+    fake.seed_message(incidents, f"{mention} is the api down?", user=alice)
+    limited = fake.rate_limit("users.conversations", retry_after=1)  # waited out, not a channel skipped
+    second = create({"mode": "socket"}, fake.env)
+    await second.start(bridge)
+    try:
+        assert second.catch_up_summary == "caught up 1 message(s) in 2 channel(s)"
+        answer = await fake.wait_for_message(incidents, contains="is the api down?", timeout=10)
+        assert answer.text.startswith("re alice: ")
+        assert not [m for m in fake.bot_messages(incidents) if "from before" in m.text]
+        assert not fake.bot_messages(general)
+        listed = {c.args.get("types") for c in fake.calls_to("users.conversations")}
+        assert listed == {"public_channel", "private_channel", "im", "mpim"}
+        assert len(limited.hits) == 1
+    finally:
+        await second.stop()
+        await bridge.stop()
+        await harness.close()
+
+
+async def test_parts_a_shorter_final_answer_no_longer_needs_are_deleted_on_slack(fake: FakeSlack) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice")
+    release = asyncio.Event()
+
+    @tool
+    async def lookup(api: ToolApi) -> str:
+        """Waits until the test saw the partial in several messages."""
+        await release.wait()
+        return "found"
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        if isinstance(request.messages[-1], ToolResultMessage):
+            return faux_assistant("Short final answer.")
+        long = " ".join(f"word{i}" for i in range(400))  # ~3,000 characters: three 1,000-character parts
+        return faux_assistant([faux_text(long), faux_tool_call("lookup", {}, id="l1")])
+
+    faux = FauxProvider(chunk_size=100, delay_ms=40)
+    faux.set_responder(respond)
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    registry.install(Extension("tools", tools=[lookup]))
+    adapter = create({"mode": "socket", "max_chars": 1000, "edit_interval": 0.05}, fake.env)
+    await bridge.start()
+    await adapter.start(bridge)
+    harness.resume()
+    try:
+        await fake.user_posts(general, alice, f"<@{fake.bot_user_id}> look it up")
+        await fake.wait_for(lambda: len(fake.bot_messages(general)) >= 2, 20)
+        release.set()
+        await fake.wait_for(
+            lambda: [m.text for m in fake.bot_messages(general)] == ["Short final answer."], 20
+        )
+        deleted = {c.args.get("ts") for c in fake.calls_to("chat.delete")}
+        assert deleted and all(fake.message(general, str(ts)).deleted for ts in deleted)
+    finally:
+        await adapter.stop()
+        await bridge.stop()
+        await harness.close()
 
 
 async def test_a_refused_app_token_fails_the_start_loudly_instead_of_retrying_forever(

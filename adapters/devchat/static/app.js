@@ -226,6 +226,8 @@
   function apply(event) {
     if (event.type === 'message') {
       remember(event.message);
+    } else if (event.type === 'deleted') {
+      state.messages.delete(event.id);
     } else if (event.type === 'channel') {
       if (!state.channels.some((c) => c.name === event.channel.name)) state.channels.push(event.channel);
     }
