@@ -86,7 +86,7 @@ def sample(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 @asynccontextmanager
 async def slack_bot(
-    workdir: Path, *, append: str = "", approvers: str = '["ULEAD"]', **env_extra: str
+    workdir: Path, *, append: str = "", approvers: str = '["slack:ULEAD"]', **env_extra: str
 ) -> AsyncIterator[SlackBot]:
     async with FakeSlack(ack_timeout=10.0) as slack:
         channel = slack.add_channel("general")
@@ -94,7 +94,7 @@ async def slack_bot(
         lead = slack.add_user("ULEAD", name="lead", display_name="Lead")
         config = shipped_config_in(
             workdir,
-            replace={'approvers = ["lead"]': f"approvers = {approvers}"},
+            replace={'approvers = ["devchat:lead"]': f"approvers = {approvers}"},
             append=SLACK + append,
         )
         env = bot_env(workdir, **slack.env, **env_extra)

@@ -233,7 +233,9 @@ async def test_sighup_adds_an_approver_and_a_bad_file_keeps_the_running_config(t
         refused = await s.bot.wait_for(lambda line: "reload refused" in line)
         assert refused is not None and "1 problem(s)" in refused
 
-        s.config.write_text(text.replace('approvers = ["ULEAD"]', 'approvers = ["ULEAD", "UCAROL"]'))
+        s.config.write_text(
+            text.replace('approvers = ["slack:ULEAD"]', 'approvers = ["slack:ULEAD", "slack:UCAROL"]')
+        )
         s.bot.process.send_signal(signal.SIGHUP)
         assert await s.bot.wait_for(lambda line: "durable-bots: reloaded" in line) is not None
         await s.slack.user_posts(s.channel, s.alice, "deploy payments 2.8.0")
