@@ -1,1 +1,28 @@
 """Shared fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pg_cluster import Cluster, drop_database, fresh_database, start_cluster
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One PostgreSQL server for the session (a throwaway cluster, or DURABLE_BOTS_TEST_DATABASE_URL's)."""
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Cluster) -> Iterator[str]:
+    """The URL of an empty database of this test's own, dropped afterwards."""
+    url, name = fresh_database(pg_cluster)
+    try:
+        yield url
+    finally:
+        drop_database(pg_cluster, name)
