@@ -26,3 +26,13 @@ def pg_url(pg_cluster: Cluster) -> Iterator[str]:
         yield url
     finally:
         drop_database(pg_cluster, name)
+
+
+@pytest.fixture
+def pg_empty_url(pg_cluster: Cluster) -> Iterator[str]:
+    """The URL of an empty database (no harness schema yet), dropped afterwards."""
+    url, name = fresh_database(pg_cluster, migrated=False)
+    try:
+        yield url
+    finally:
+        drop_database(pg_cluster, name)

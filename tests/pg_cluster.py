@@ -4,7 +4,8 @@ The cluster lives in a temp dir: `initdb` (trust auth, loopback only), then `pg_
 port with its socket in the same dir. As root both run as the `postgres` user, which PostgreSQL requires.
 `fsync=off`: a test cluster is thrown away, so we trade crash-safety of the *server* for speed; the
 harness's own crash tests kill our processes, never the server, so they still test what they claim.
-Every test gets a database of its own (`fresh_database`), created from the empty `template0`.
+Every test gets a database of its own (`fresh_database`): a copy of a template database the harness's schema
+migrations already ran in (made once per session; copying is much faster than migrating), or an empty one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+from harness_core.storage._postgres_schema import migrate
 
 ENV_URL = "DURABLE_BOTS_TEST_DATABASE_URL"
 
@@ -62,6 +65,7 @@ class Cluster:
     data_dir: Path | None = None
     bin_dir: Path | None = None
     root: Path | None = None
+    template_ready: bool = False
 
     def database_url(self, name: str) -> str:
         parts = urlsplit(self.url)
@@ -113,10 +117,25 @@ def start_cluster() -> Cluster:
     return Cluster(url=f"postgresql://{user}@127.0.0.1:{port}/postgres", data_dir=data, bin_dir=bin_dir, root=root)
 
 
-async def _create_database(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
+_TEMPLATE = "harness_template"
+
+
+async def _create_database(cluster: Cluster, name: str, migrated: bool) -> None:
+    conn = await asyncpg.connect(cluster.url)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        template = "template0"
+        if migrated:
+            if not cluster.template_ready:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{_TEMPLATE}"')
+                await conn.execute(f'CREATE DATABASE "{_TEMPLATE}" TEMPLATE template0')
+                target = await asyncpg.connect(cluster.database_url(_TEMPLATE))
+                try:
+                    await migrate(target, _TEMPLATE)
+                finally:
+                    await target.close()
+                cluster.template_ready = True
+            template = _TEMPLATE
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     finally:
         await conn.close()
 
@@ -129,10 +148,11 @@ async def _drop_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
-def fresh_database(cluster: Cluster) -> tuple[str, str]:
-    """Create an empty database; return (its url, its name). Runs its own event loop (sync fixtures)."""
+def fresh_database(cluster: Cluster, *, migrated: bool = True) -> tuple[str, str]:
+    """Create a database with the harness schema (or an empty one); return (its url, its name).
+    Runs its own event loop (sync fixtures)."""
     name = "t_" + uuid.uuid4().hex[:16]
-    asyncio.run(_create_database(cluster.url, name))
+    asyncio.run(_create_database(cluster, name, migrated))
     return cluster.database_url(name), name
 
 

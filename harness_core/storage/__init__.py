@@ -3,10 +3,13 @@
 - `MemoryStorage`: reference semantics, nothing survives the process.
 - `SqliteStorage`: aiosqlite, WAL, `synchronous=NORMAL` (or FULL with `durability="full"`); the default.
 - `JsonlStorage`: append-only files with one commit marker per commit.
+- `PostgresStorage`: asyncpg; shared by processes on several machines, one lease holder writes, standbys wait.
 """
 
 from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
+from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres_lease import Lease, LeaseHolder
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
 from harness_core.storage._sqlite import SqliteStorage
 
@@ -15,9 +18,13 @@ __all__ = [
     "DocChange",
     "DocCreate",
     "JsonlStorage",
+    "Lease",
+    "LeaseHolder",
     "MemoryStorage",
     "Order",
+    "PostgresStorage",
     "SqliteStorage",
     "Storage",
     "StorageMeta",
+    "redact_url",
 ]
