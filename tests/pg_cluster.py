@@ -75,7 +75,9 @@ class Cluster:
         if self.data_dir is None or self.bin_dir is None:
             return
         subprocess.run(
-            _as_server_user([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop"]),
+            _as_server_user(
+                [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "stop"]
+            ),
             check=False,
             capture_output=True,
         )
@@ -109,12 +111,24 @@ def start_cluster() -> Cluster:
     )
     subprocess.run(
         _as_server_user(
-            [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "server.log"), "-w", "start"]
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                options,
+                "-l",
+                str(root / "server.log"),
+                "-w",
+                "start",
+            ]
         ),
         check=True,
         capture_output=True,
     )
-    return Cluster(url=f"postgresql://{user}@127.0.0.1:{port}/postgres", data_dir=data, bin_dir=bin_dir, root=root)
+    return Cluster(
+        url=f"postgresql://{user}@127.0.0.1:{port}/postgres", data_dir=data, bin_dir=bin_dir, root=root
+    )
 
 
 _TEMPLATE = "harness_template"

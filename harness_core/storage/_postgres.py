@@ -59,8 +59,12 @@ _ID_BLOCK = 4096
 _SEQ_BLOCK = 1024
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
-_INSERT_CONVERSATION = "INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, $2, $3, $4)"
-_INSERT_ENTRY = "INSERT INTO entries (id, partition, conversation_id, head, record) VALUES ($1, $2, $3, $4, $5)"
+_INSERT_CONVERSATION = (
+    "INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, $2, $3, $4)"
+)
+_INSERT_ENTRY = (
+    "INSERT INTO entries (id, partition, conversation_id, head, record) VALUES ($1, $2, $3, $4, $5)"
+)
 _UPSERT_TASK = (
     "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) VALUES ($1, $2, $3, $4, $5, $6) "
     "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
@@ -175,7 +179,18 @@ def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
             r = create.record
             rewindable = r.scope == "conversation" and r.history == "rewindable"
             plan.docs.append(
-                (r.id, p, r.kind, r.scope, r.scope_id, r.key, rewindable, r.created_seq, r.retired_seq, _json(r))
+                (
+                    r.id,
+                    p,
+                    r.kind,
+                    r.scope,
+                    r.scope_id,
+                    r.key,
+                    rewindable,
+                    r.created_seq,
+                    r.retired_seq,
+                    _json(r),
+                )
             )
             content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
             plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), True, _json(content)))
@@ -301,6 +316,8 @@ class PostgresStorage:
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
+        if self._writer is None or self._lease is None:
+            raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
         last = self._last_seq
         for batch in batches:
             if batch.seq <= last:
@@ -308,8 +325,6 @@ class PostgresStorage:
             last = batch.seq
         if not batches:
             return
-        if self._writer is None or self._lease is None:
-            raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
         self._lease.check()
         plan = _plan(batches, self._next_id)
         if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
@@ -328,7 +343,9 @@ class PostgresStorage:
         except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
             raise StorageError(f"storage {self._description}: commit failed: {exc}") from exc
         except _DRIVER_ERRORS as exc:
-            raise StorageError(f"storage {self._description}: commit failed (outcome unknown): {exc}") from exc
+            raise StorageError(
+                f"storage {self._description}: commit failed (outcome unknown): {exc}"
+            ) from exc
         self._next_id = plan.next_id
         self._last_seq = plan.last_seq
         if plan.reserve is not None:
@@ -545,7 +562,10 @@ class PostgresStorage:
     async def document(self, doc_id: int, *, at_seq: int | None = None) -> DocumentValue | None:
         self._check()
         try:
-            async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
                 row = await conn.fetchrow(
                     "SELECT rewindable, created_seq, retired_seq, record, kind FROM doc_records WHERE id = $1",
                     doc_id,
@@ -667,5 +687,5 @@ async def _take_lease(
 async def _close_pool(pool: asyncpg.Pool) -> None:
     try:
         await asyncio.wait_for(pool.close(), timeout=5)
-    except (asyncio.TimeoutError, *_DRIVER_ERRORS):
+    except (TimeoutError, *_DRIVER_ERRORS):
         pool.terminate()

@@ -165,7 +165,7 @@ class Lease:
                     epoch = await conn.fetchval(
                         _RENEW, self.partition, self.holder, self.epoch, self.ttl, timeout=self.ttl / 3
                     )
-            except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
                 continue
             if epoch is None:
@@ -197,10 +197,12 @@ class Lease:
         try:
             async with self._pool.acquire(timeout=2) as conn:
                 await conn.execute(_RELEASE, self.partition, self.holder, self.epoch, timeout=2)
-        except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # The lease then simply expires after its ttl.
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
 
 
 def lease_error(description: str, holder: LeaseHolder) -> StorageError:
-    return StorageLocked(description, f"lease held by {holder.describe()}, expires in {holder.expires_in:.0f} s")
+    return StorageLocked(
+        description, f"lease held by {holder.describe()}, expires in {holder.expires_in:.0f} s"
+    )
