@@ -1,7 +1,8 @@
 """`durable-bots` / `python -m bots`: run the bot and the commands an operator needs at 3 a.m.
 
-Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry); 2 the storage is held by another
-process (the running bot) or the command line is wrong.
+Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry, a lost PostgreSQL lease); 2 the
+storage is held by another process (the running bot; on PostgreSQL `run` waits as a standby instead unless
+`--no-standby`) or the command line is wrong.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="slack, discord or devchat; repeat for several (default: every [adapters.<name>] table)",
     )
+    run.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="PostgreSQL: exit with code 2 when another process owns the store, instead of waiting as its standby",
+    )
 
     inspect = sub.add_parser(
         "inspect",
@@ -91,7 +97,7 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
     env = dict(os.environ)
     out = sys.stdout
     if args.command == "run":
-        return await run_bot(config, args.adapter, env)
+        return await run_bot(config, args.adapter, env, standby=not args.no_standby)
     if args.command in ("inspect", "tasks"):
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":

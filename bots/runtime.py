@@ -43,7 +43,7 @@ from harness_core import (
 )
 from harness_core.models.anthropic import AnthropicProvider
 from harness_core.models.openai import OpenAIProvider
-from harness_core.storage import SqliteStorage
+from harness_core.storage import LeaseHolder, PostgresStorage, SqliteStorage, Storage
 
 log = logging.getLogger("bots")
 
@@ -199,7 +199,7 @@ def agent_change(config: BotConfig, tools: Sequence[str]) -> AgentChange:
 class Runtime:
     config: BotConfig
     env: Mapping[str, str]
-    storage: SqliteStorage
+    storage: Storage
     harness: Harness
     bridge: Bridge
     models: Models
@@ -236,6 +236,38 @@ def locked_message(path: Path, exc: StorageLocked) -> str:
     return f"another durable-bots process (pid {pid}, host {host}) is using {path}; stop it first"
 
 
+async def open_storage(
+    config: BotConfig,
+    env: Mapping[str, str],
+    *,
+    must_exist: bool = False,
+    on_standby: Callable[[LeaseHolder], None] | None = None,
+) -> Storage:
+    """Open the configured storage for writing: the SQLite file (owner lock) or PostgreSQL (lease). With
+    `on_standby`, a PostgreSQL store whose lease another process holds is waited for (it is called once with
+    the holder); without it, or on SQLite, a held store is `BotError` with exit code 2."""
+    target = config.storage_target(env)
+    if target.kind == "postgres":
+        assert target.url is not None
+        try:
+            return await PostgresStorage.open(
+                target.url, lease_ttl=config.storage.lease_ttl, on_standby=on_standby
+            )
+        except StorageLocked as exc:
+            raise BotError(
+                f"another durable-bots process ({exc.holder}) owns {exc.path}; stop it first, or run the bot "
+                "without --no-standby to wait as its standby",
+                EXIT_LOCKED,
+            ) from None
+    path = target.path or config.storage_path
+    if must_exist and not path.exists():
+        raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
+    try:
+        return await SqliteStorage.open(path, durability=config.storage.durability)
+    except StorageLocked as exc:
+        raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+
+
 async def open_runtime(
     config: BotConfig,
     env: Mapping[str, str],
@@ -243,21 +275,21 @@ async def open_runtime(
     transport: httpx.AsyncBaseTransport | None = None,
     on_report: Callable[[BaseException], None] | None = None,
     must_exist: bool = False,
+    on_standby: Callable[[LeaseHolder], None] | None = None,
 ) -> Runtime:
-    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing."""
+    """Open the storage (taking the owner lock or lease) and build harness, bridge and tools. Schedules
+    nothing."""
     problems = check_tools(config)
     if problems:
         raise BotError("\n".join(str(p) for p in problems))
     known, _ = known_tools(config)
     tools = enabled_tools(config, known)
-    path = config.storage_path
-    if must_exist and not path.exists():
-        raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
     models = build_models(config.bot.model_ref, env)
     try:
-        storage = await SqliteStorage.open(path, durability=config.storage.durability)
-    except StorageLocked as exc:
-        raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+        storage = await open_storage(config, env, must_exist=must_exist, on_standby=on_standby)
+    except BaseException:
+        await models.aclose()
+        raise
     registry = Registry()
     harness = await Harness.open(
         storage,
@@ -267,7 +299,15 @@ async def open_runtime(
         on_report=on_report or _report,
     )
     agent = agent_change(config, tools)
-    bridge = Bridge(harness, config=bridge_config(config), agent=agent, approvals=approval_policies(config))
+    # PostgreSQL: no platform write goes out unless this process still safely owns the store.
+    guard = storage.check_owner if isinstance(storage, PostgresStorage) else None
+    bridge = Bridge(
+        harness,
+        config=bridge_config(config),
+        agent=agent,
+        approvals=approval_policies(config),
+        write_guard=guard,
+    )
     ctx = OpsContext(config=config, env=env, storage=storage, transport=transport)
     registry.install(ops_extension(ctx))
     registry.install(history_extension(ctx))
@@ -389,6 +429,28 @@ def adapter_url(adapter: Adapter, options: Mapping[str, Any]) -> str | None:
 # --- run ---------------------------------------------------------------------------------------------------
 
 
+async def _open_unless_stopped(
+    config: BotConfig,
+    env: Mapping[str, str],
+    stop: asyncio.Event,
+    on_standby: Callable[[LeaseHolder], None] | None,
+) -> Runtime | None:
+    """open_runtime(), given up (None) when `stop` is set first: a standby must leave on SIGTERM."""
+    opening = asyncio.ensure_future(open_runtime(config, env, on_standby=on_standby))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({opening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if opening.done():
+        return opening.result()
+    opening.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        runtime = await opening
+        await runtime.close()  # opened just as we were told to stop
+    return None
+
+
 class Console:
     """What `run` tells the operator: short lines on stdout, flushed (tests and supervisors read them)."""
 
@@ -406,9 +468,14 @@ async def run_bot(
     *,
     console: Console | None = None,
     stop: asyncio.Event | None = None,
+    standby: bool = True,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
-    then the harness closes (running work is signalled and joined; nothing counts as a crash)."""
+    then the harness closes (running work is signalled and joined; nothing counts as a crash).
+
+    On PostgreSQL a store another process owns is waited for as its standby (no platform connection until
+    the lease is ours), unless `standby` is False (exit code 2, like SQLite). Losing the lease while running
+    (paused past the ttl, cut off) stops the process at once, without writing anything more."""
     console = console or Console()
     names = adapter_names(config, requested)
     factories = {name: adapter_factory(config, name) for name in names}
@@ -420,11 +487,6 @@ async def run_bot(
         except Exception as exc:
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
-    runtime = await open_runtime(config, env)
-    console.say(
-        f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
-        f"storage {config.storage_path})"
-    )
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -442,6 +504,28 @@ async def run_bot(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
+
+    def on_standby(holder: LeaseHolder) -> None:
+        console.say(
+            f"durable-bots: standby: the lease is held by {holder.describe()}; taking over when it ends"
+        )
+
+    try:
+        runtime = await _open_unless_stopped(config, env, stop, on_standby if standby else None)
+    except BaseException:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        raise
+    if runtime is None:  # stopped while waiting as a standby: nothing was opened
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        console.say("durable-bots: stopped while on standby")
+        return EXIT_OK
+    lease = runtime.storage.lease if isinstance(runtime.storage, PostgresStorage) else None
+    console.say(
+        f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
+        f"storage {runtime.storage.description})"
+    )
     started: list[Adapter] = []
     code = EXIT_OK
     try:
@@ -471,9 +555,21 @@ async def run_bot(
         )
         closed: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(runtime.harness.closed))
         stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        waits = {closed, stopping}
+        lost: asyncio.Future[Any] | None = None
+        if lease is not None:
+            lost = asyncio.ensure_future(asyncio.shield(lease.lost))
+            waits.add(lost)
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if closed in done:
+        if lost is not None and lost not in done:
+            lost.cancel()
+        if lost is not None and lost in done:
+            closed.cancel()
+            # Another process owns the store now: it carries on with the work; we must write nothing more.
+            console.say(f"durable-bots: {lost.result()}; exiting without writing anything more")
+            code = EXIT_ERROR
+        elif closed in done:
             info = closed.result()
             console.say(f"durable-bots: the storage failed ({info.reason}: {info.error}); exiting")
             code = EXIT_ERROR
