@@ -30,7 +30,10 @@ def test_wrong_type_names_the_key_and_its_line() -> None:
 
 def test_unknown_key_is_an_error_that_lists_the_allowed_keys() -> None:
     (problem,) = problems('[storage]\npath = "x.sqlite"\ndurabilty = "full"\n')
-    assert problem == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability, url, lease_ttl)"
+    assert (
+        problem
+        == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability, url, lease_ttl)"
+    )
 
 
 def test_unknown_table_and_unknown_key_in_a_channel_override() -> None:

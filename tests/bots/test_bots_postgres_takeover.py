@@ -1,0 +1,190 @@
+"""Leader and standby: two real `python -m bots run` processes over one PostgreSQL store, against the fake Slack.
+
+The standby connects to no platform until the leader's lease ends: SIGKILL (the lease expires after its ttl),
+SIGTERM (released at once), SIGSTOP past the ttl (expired while the leader sleeps; when it wakes it must write
+nothing more, say why and exit). The standby then runs the normal recovery: the unfinished answer continues
+from its checkpoint and delivery reconciles, so the channel shows one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from bots_cli_support import BotProcess, bot_env, shipped_config_in, toml_value
+
+from adapters.slack.testing import FakeSlack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+TTL = 3.0
+LAST_LINE = "without running a tool twice."  # the end of the demo's greeting: the answer is complete
+SLACK = """
+[adapters.slack]
+mode = "socket"
+edit_interval = 0.05
+"""
+
+
+def pg_config(workdir: Path, url: str) -> Path:
+    return shipped_config_in(
+        workdir,
+        replace={
+            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}",
+            'approvers = ["lead"]': 'approvers = ["UBOSS"]',
+            "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(workdir / 'deploys.jsonl'))}\n",
+        },
+        append=SLACK,
+    )
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack(ack_timeout=10.0) as running:
+        yield running
+
+
+class Pair:
+    def __init__(self, config: Path, env: dict[str, str]) -> None:
+        self.config = config
+        self.env = env
+        self.processes: list[BotProcess] = []
+
+    async def start(self, *args: str) -> BotProcess:
+        bot = await BotProcess.start(self.config, "--adapter", "slack", *args, env=self.env)
+        self.processes.append(bot)
+        return bot
+
+    async def leader_and_standby(self) -> tuple[BotProcess, BotProcess]:
+        leader = await self.start()
+        ready = await leader.wait_for(lambda line: line.startswith("durable-bots: ready"), 60)
+        assert ready is not None, f"{leader.output()}\n{await leader.stderr()}"
+        standby = await self.start()
+        line = await standby.wait_for(lambda line: line.startswith("durable-bots: standby"), 30)
+        assert line == (
+            f"durable-bots: standby: the lease is held by pid {leader.pid} on {socket.gethostname()}; "
+            "taking over when it ends"
+        ), standby.output()
+        return leader, standby
+
+    async def close(self) -> None:
+        for bot in self.processes:
+            if bot.process.returncode is None:
+                bot.process.send_signal(signal.SIGCONT)
+            await bot.kill()
+
+
+@pytest.fixture
+async def pair(fake: FakeSlack, tmp_path: Path, pg_url: str) -> AsyncIterator[Pair]:
+    env = bot_env(tmp_path, **fake.env, DURABLE_BOTS_DEMO_DELAY_MS="15")
+    running = Pair(pg_config(tmp_path, pg_url), env)
+    yield running
+    await running.close()
+
+
+async def wait_ready(bot: BotProcess, timeout: float) -> float:
+    started = time.monotonic()
+    ready = await bot.wait_for(lambda line: line.startswith("durable-bots: ready"), timeout)
+    assert ready is not None, f"{bot.output()}\n{await bot.stderr()}"
+    return time.monotonic() - started
+
+
+async def test_standby_finishes_an_answer_the_leader_was_streaming_when_killed(
+    fake: FakeSlack, pair: Pair
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    leader, standby = await pair.leader_and_standby()
+    # The standby has not connected to Slack: only the leader's Socket Mode connection exists.
+    assert len(fake.open_connections) == 1
+
+    # SIGKILL the leader right after its first streaming edit reached Slack.
+    mid_stream = fake.kill_on("chat.update", leader.pid, after_effect=True)
+    await fake.user_posts(general, alice, "hello bot")
+    assert await asyncio.wait_for(leader.process.wait(), 30) == -signal.SIGKILL
+    assert len(mid_stream.fired) == 1
+    killed_at = time.monotonic()
+
+    took = await wait_ready(standby, 30)
+    assert time.monotonic() - killed_at <= TTL + 5, "the standby took over within the lease ttl (+ start-up)"
+    assert took >= 0
+    answer = await fake.wait_for_message(general, contains=LAST_LINE, timeout=30)
+    assert answer.text.startswith("Hi Alice! I am the ops bot"), answer.text
+    assert len(fake.bot_messages(general)) == 1, [m.text for m in fake.bot_messages(general)]
+    assert await standby.terminate() == 0, await standby.stderr()
+
+
+async def test_rolling_deploy_sigterm_hands_over_within_two_seconds(fake: FakeSlack, pair: Pair) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    leader, standby = await pair.leader_and_standby()
+    await fake.user_posts(general, alice, "hello bot")
+    await fake.wait_for_message(general, contains=LAST_LINE, timeout=30)
+
+    leader.process.send_signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    starting = await standby.wait_for(lambda line: "starting" in line, 10)
+    assert starting is not None, standby.output()
+    assert time.monotonic() - stopped_at < 2.0 + 1.0, "taken over within the poll interval of a release"
+    assert await leader.finish() == 0, await leader.stderr()
+    assert "durable-bots: stopped cleanly" in leader.output()
+    await wait_ready(standby, 30)
+
+    await fake.user_posts(general, alice, "hello again")
+    await fake.wait_for_message(
+        general,
+        predicate=lambda m: m.text.endswith(LAST_LINE) and len(fake.bot_messages(general)) == 2,
+        timeout=30,
+    )
+    assert len(fake.bot_messages(general)) == 2
+    assert await standby.terminate() == 0, await standby.stderr()
+
+
+async def test_a_leader_paused_past_its_ttl_writes_nothing_when_it_wakes(
+    fake: FakeSlack, pair: Pair, pg_url: str
+) -> None:
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    leader, standby = await pair.leader_and_standby()
+
+    os.kill(leader.pid, signal.SIGSTOP)
+    await wait_ready(standby, TTL + 30)
+    await fake.user_posts(general, alice, "hello bot")
+    await fake.wait_for_message(general, contains=LAST_LINE, timeout=30)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        before = await conn.fetchval("SELECT count(*) FROM entries")
+        calls_before = len(fake.calls)
+
+        os.kill(leader.pid, signal.SIGCONT)
+        code = await leader.finish(30)
+        assert code == 1, leader.output()
+        said = [line for line in leader.lines if "lease" in line]
+        assert said and ("taken over" in said[-1] or "not renewed in time" in said[-1]), leader.output()
+        assert "exiting without writing anything more" in said[-1]
+        # The new leader carries on; the old one added nothing to the store or to Slack.
+        await asyncio.sleep(0.5)
+        assert await conn.fetchval("SELECT count(*) FROM entries") == before
+        # Slack saw no write at all after the wake-up (the new leader was idle by then).
+        assert [c.method for c in fake.calls[calls_before:] if c.method.startswith("chat.")] == []
+    finally:
+        await conn.close()
+    assert len(fake.bot_messages(general)) == 1
+    assert await standby.terminate() == 0, await standby.stderr()
+
+
+async def test_no_standby_keeps_exit_code_two(pair: Pair) -> None:
+    leader = await pair.start()
+    await wait_ready(leader, 60)
+    second = await pair.start("--no-standby")
+    assert await second.finish(30) == 2
+    stderr = await second.stderr()
+    assert f"lease held by pid {leader.pid}" in stderr, stderr
+    assert await leader.terminate() == 0
