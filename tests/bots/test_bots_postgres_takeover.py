@@ -15,12 +15,14 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
+from aiohttp import web
 from bots_cli_support import BotProcess, bot_env, shipped_config_in, toml_value
 
-from adapters.slack.testing import FakeSlack
+from adapters.slack.testing import Channel, FakeSlack, Message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -38,7 +40,7 @@ def pg_config(workdir: Path, url: str) -> Path:
         workdir,
         replace={
             'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}",
-            'approvers = ["lead"]': 'approvers = ["UBOSS"]',
+            'approvers = ["lead"]': 'approvers = ["UBOSS"]\ngroups = ["SONCALL"]',
             "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(workdir / 'deploys.jsonl'))}\n",
         },
         append=SLACK,
@@ -188,3 +190,103 @@ async def test_no_standby_keeps_exit_code_two(pair: Pair) -> None:
     stderr = await second.stderr()
     assert f"lease held by pid {leader.pid}" in stderr, stderr
     assert await leader.terminate() == 0
+
+
+def approval_card(fake: FakeSlack, channel: Channel) -> Message | None:
+    cards = [
+        m
+        for m in fake.bot_messages(channel)
+        if str((m.event_payload or {}).get("key", "")).startswith("approval:")
+    ]
+    return cards[0] if cards else None
+
+
+def button(message: Message, verb: str) -> str:
+    for block in message.blocks or []:
+        for element in block.get("elements") or []:
+            action_id = str(element.get("action_id", ""))
+            if action_id.split(":")[1:2] == [verb]:
+                return action_id
+    raise AssertionError(f"no {verb} button in {message.blocks}")
+
+
+class Webhook:
+    """The deploy webhook: records every request and SIGKILLs `victim` when one arrives (before answering)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.victim: int | None = None
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests.append(await request.json())
+        if self.victim is not None:
+            os.kill(self.victim, signal.SIGKILL)  # the answer below goes to a dead process
+            self.victim = None
+        return web.json_response({"ok": True})
+
+    async def __aenter__(self) -> Webhook:
+        app = web.Application()
+        app.router.add_post("/deploy", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/deploy"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+async def test_takeovers_after_an_approval_click_and_inside_the_unsafe_deploy(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    ops = fake.add_channel("ops")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    carol = fake.add_user("UCAROL", name="carol", display_name="Carol")
+    fake.add_usergroup("oncall", [carol], group_id="SONCALL")
+    async with Webhook() as hook:
+        env = bot_env(tmp_path, **fake.env, DURABLE_BOTS_DEMO_DELAY_MS="0", DEPLOY_WEBHOOK_URL=hook.url)
+        pair = Pair(pg_config(tmp_path, pg_url), env)
+        try:
+            first, second = await pair.leader_and_standby()
+            await fake.user_posts(ops, alice, "deploy checkout 1.4.3")
+            card = await fake.wait_for(lambda: approval_card(fake, ops), 30, description="the approval card")
+
+            # (c) SIGKILL the leader after Carol's click arrived, while it checks her on-call group.
+            lookup = fake.kill_on("usergroups.users.list", first.pid, after_effect=False)
+            await fake.click(ops, card.ts, button(card, "approve"), user=carol)
+            assert await asyncio.wait_for(first.process.wait(), 30) == -signal.SIGKILL
+            assert len(lookup.fired) == 1
+            assert hook.requests == []
+            await wait_ready(second, TTL + 30)
+            third = await pair.start()
+            await third.wait_for(lambda line: line.startswith("durable-bots: standby"), 30)
+
+            # (d) Carol clicks again; the new leader runs the deploy and is SIGKILLed inside the webhook call.
+            hook.victim = second.pid
+            await fake.click(ops, card.ts, button(card, "approve"), user=carol, wait=False)
+            assert await asyncio.wait_for(second.process.wait(), 30) == -signal.SIGKILL
+            assert len(hook.requests) == 1
+            await wait_ready(third, TTL + 30)
+            # The interrupted unsafe call is reported, not repeated.
+            final = await fake.wait_for_message(ops, contains="was interrupted", timeout=30)
+            await asyncio.sleep(1.0)  # time for anything else the new leader would (wrongly) do
+            assert await third.terminate() == 0, await third.stderr()
+        finally:
+            await pair.close()
+    # One deploy request ever (the interrupted unsafe call is not repeated), one approval card, asked once.
+    assert len(hook.requests) == 1
+    cards = [
+        m
+        for m in fake.bot_messages(ops)
+        if str((m.event_payload or {}).get("key", "")).startswith("approval:")
+    ]
+    assert len(cards) == 1
+    assert not any(b.get("type") == "actions" for b in fake.message(ops, card.ts).blocks or [])
+    # One reply (its streamed start edited into the final report) beside the card.
+    assert [m.ts for m in fake.bot_messages(ops) if m.ts != card.ts] == [final.ts]
