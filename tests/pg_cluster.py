@@ -11,6 +11,7 @@ migrations already ran in (made once per session; copying is much faster than mi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import glob
 import os
@@ -20,8 +21,10 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -162,14 +165,21 @@ async def _drop_database(admin_url: str, name: str) -> None:
         await conn.close()
 
 
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a coroutine to completion on a loop of its own, in a thread: fixtures may be asked for from inside
+    a running test loop (request.getfixturevalue), where asyncio.run() refuses to start."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coro).result()
+
+
 def fresh_database(cluster: Cluster, *, migrated: bool = True) -> tuple[str, str]:
     """Create a database with the harness schema (or an empty one); return (its url, its name).
     Runs its own event loop (sync fixtures)."""
     name = "t_" + uuid.uuid4().hex[:16]
-    asyncio.run(_create_database(cluster, name, migrated))
+    _run(_create_database(cluster, name, migrated))
     return cluster.database_url(name), name
 
 
 def drop_database(cluster: Cluster, name: str) -> None:
     with contextlib.suppress(Exception):
-        asyncio.run(_drop_database(cluster.url, name))
+        _run(_drop_database(cluster.url, name))
