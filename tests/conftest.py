@@ -36,3 +36,17 @@ def pg_empty_url(pg_cluster: Cluster) -> Iterator[str]:
         yield url
     finally:
         drop_database(pg_cluster, name)
+
+
+CRASH_STORAGE_ENV = "DURABLE_BOTS_CRASH_STORAGE_URL"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def crash_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a crash test on SQLite and on PostgreSQL: the bot processes it starts read
+    DURABLE_BOTS_CRASH_STORAGE_URL (a database of this test's own) and use SQLite when it is unset."""
+    if request.param == "postgres":
+        monkeypatch.setenv(CRASH_STORAGE_ENV, request.getfixturevalue("pg_url"))
+    else:
+        monkeypatch.delenv(CRASH_STORAGE_ENV, raising=False)
+    return str(request.param)

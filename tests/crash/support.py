@@ -14,11 +14,13 @@ from typing import Any
 from harness_core.storage import PostgresStorage, SqliteStorage, Storage
 
 WORKER = Path(__file__).with_name("worker.py")
-STORAGE_URL_ENV = "CRASH_STORAGE_URL"  # set: the worker and the checks use this PostgreSQL database
+STORAGE_URL_ENV = (
+    "DURABLE_BOTS_CRASH_STORAGE_URL"  # set: the worker and the checks use this PostgreSQL database
+)
 
 
 async def open_storage(workdir: Path) -> Storage:
-    """The crash store: `<workdir>/agent.sqlite`, or the PostgreSQL database `CRASH_STORAGE_URL` names.
+    """The crash store: `<workdir>/agent.sqlite`, or the PostgreSQL database `DURABLE_BOTS_CRASH_STORAGE_URL` names.
 
     On PostgreSQL a SIGKILLed worker leaves its lease behind; the next opener waits for it like a standby
     (a 1 s ttl keeps that short)."""

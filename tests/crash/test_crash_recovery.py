@@ -16,19 +16,10 @@ import pytest
 from harness_core import CORE_ASSISTANT, Harness
 from harness_core.messages import AssistantMessage, ToolResultMessage
 
-from .support import STORAGE_URL_ENV, ledger, open_storage, run_worker
+from .support import ledger, open_storage, run_worker
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every crash test runs on SQLite and on PostgreSQL (a database of its own on the test cluster)."""
-    if request.param == "postgres":
-        monkeypatch.setenv(STORAGE_URL_ENV, request.getfixturevalue("pg_url"))
-    else:
-        monkeypatch.delenv(STORAGE_URL_ENV, raising=False)
-    return str(request.param)
+# Every crash test runs on SQLite and on PostgreSQL (the `crash_backend` fixture, tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("crash_backend")]
 
 
 async def transcript(workdir: Path, conversation_id: int = 1) -> list[Any]:
