@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bots.config import BotConfig, ConfigError, load_config
+from bots.migrate import migrate_command
 from bots.operator import (
     approvals_command,
     check_config_command,
@@ -82,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
     sub.add_parser("check-config", parents=[common], help="validate the config and summarize it")
+
+    migrate = sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="copy a stopped bot's SQLite store into an empty PostgreSQL database",
+    )
+    migrate.add_argument(
+        "--from", dest="source", required=True, metavar="URL", help="sqlite:///var/ops.sqlite"
+    )
+    migrate.add_argument(
+        "--to", dest="target", metavar="URL", help="postgresql://user@host/db (default: $DATABASE_URL)"
+    )
     return parser
 
 
@@ -128,6 +141,12 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
+    if args.command == "migrate":  # needs no config: both stores are named on the command line
+        try:
+            return asyncio.run(migrate_command(args.source, args.target, dict(os.environ), sys.stdout))
+        except BotError as exc:
+            print(f"durable-bots: {exc}", file=sys.stderr)
+            return exc.exit_code
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -6,6 +6,7 @@
 - `PostgresStorage`: asyncpg; shared by processes on several machines, one lease holder writes, standbys wait.
 """
 
+from harness_core.storage._copy import CopyReport, copy_sqlite_to_postgres
 from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._postgres import PostgresStorage, redact_url
@@ -15,6 +16,7 @@ from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
     "CommitBatch",
+    "CopyReport",
     "DocChange",
     "DocCreate",
     "JsonlStorage",
@@ -26,5 +28,6 @@ __all__ = [
     "SqliteStorage",
     "Storage",
     "StorageMeta",
+    "copy_sqlite_to_postgres",
     "redact_url",
 ]
