@@ -187,3 +187,48 @@ def test_shipped_configs_are_valid(name: str, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert "OK" in capsys.readouterr().out
+
+
+# --- choosing the storage ----------------------------------------------------------------------------------
+
+NO_GATES = "[approvals]\ntools = []\n"
+
+
+def test_storage_url_path_and_database_url_choose_the_storage() -> None:
+    database_url = {"DATABASE_URL": "postgresql://bot:pw@db.internal/ops"}
+    named = parse_config(NO_GATES + '[storage]\nurl = "postgresql://bot@db/ops"\nlease_ttl = 4\n')
+    target = named.storage_target(database_url)
+    assert (target.kind, target.url, target.source) == ("postgres", "postgresql://bot@db/ops", "config")
+    assert named.storage.lease_ttl == 4
+    # Nothing named: the 12-factor DATABASE_URL; a named path wins over it.
+    fallback = parse_config(NO_GATES).storage_target(database_url)
+    assert (fallback.kind, fallback.url, fallback.source) == (
+        "postgres",
+        database_url["DATABASE_URL"],
+        "DATABASE_URL",
+    )
+    path = parse_config(NO_GATES + '[storage]\npath = "x.sqlite"\n').storage_target(database_url)
+    assert (path.kind, path.path) == ("sqlite", Path("x.sqlite").absolute())
+    default = parse_config(NO_GATES).storage_target({})
+    assert (default.kind, default.path) == ("sqlite", Path("var/ops.sqlite").absolute())
+    sqlite_url = parse_config(NO_GATES + '[storage]\nurl = "sqlite:///var/other.sqlite"\n')
+    assert sqlite_url.storage_target({}).path == Path("var/other.sqlite").absolute()
+    assert sqlite_url.storage_path == Path("var/other.sqlite").absolute()
+    assert parse_config(NO_GATES).storage_target({"DATABASE_URL": "sqlite:////tmp/a.sqlite"}).path == Path(
+        "/tmp/a.sqlite"
+    )
+
+
+def test_storage_url_problems_are_named_without_echoing_the_url() -> None:
+    (password,) = problems(NO_GATES + '[storage]\nurl = "postgresql://bot:s3cret@db/ops"\n')
+    assert password.startswith("bot.toml:4: storage.url: the URL holds a password")
+    assert "DATABASE_URL" in password and "s3cret" not in password
+    (scheme,) = problems(NO_GATES + '[storage]\nurl = "mysql://db/ops"\n')
+    assert "must start with postgresql://" in scheme
+    (both,) = problems(NO_GATES + '[storage]\nurl = "postgresql://db/ops"\npath = "x.sqlite"\n')
+    assert "either path (a SQLite file) or url, not both" in both
+    (ttl,) = problems(NO_GATES + "[storage]\nlease_ttl = 0\n")
+    assert ttl.startswith("bot.toml:4: storage.lease_ttl: ")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(NO_GATES).storage_target({"DATABASE_URL": "redis://:hunter2@cache/0"})
+    assert "DATABASE_URL" in str(caught.value) and "hunter2" not in str(caught.value)

@@ -290,3 +290,28 @@ async def test_takeovers_after_an_approval_click_and_inside_the_unsafe_deploy(
     assert not any(b.get("type") == "actions" for b in fake.message(ops, card.ts).blocks or [])
     # One reply (its streamed start edited into the final report) beside the card.
     assert [m.ts for m in fake.bot_messages(ops) if m.ts != card.ts] == [final.ts]
+
+
+async def test_database_url_is_used_when_the_config_names_no_storage_and_its_password_is_never_shown(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    # The test cluster trusts loopback connections, so any password gets in; the bot must never print it.
+    with_password = pg_url.replace("postgres@", "postgres:s3cret-pw@", 1)
+    config = shipped_config_in(
+        tmp_path,
+        replace={
+            'path = "var/ops.sqlite"': "",
+            "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(tmp_path / 'd.jsonl'))}\n",
+        },
+        append=SLACK,
+    )
+    env = bot_env(tmp_path, **fake.env, DATABASE_URL=with_password)
+    bot = await BotProcess.start(config, "--adapter", "slack", env=env)
+    try:
+        await wait_ready(bot, 60)
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+    (start,) = [line for line in bot.lines if " starting (" in line]
+    assert f"storage {pg_url})" in start, start
+    assert "s3cret-pw" not in bot.output() + await bot.stderr()
