@@ -2,8 +2,9 @@
 
 `start_cluster()` runs `initdb` (trust auth, loopback only) into a new temp dir and `pg_ctl start` on a free
 loopback port with its socket in the same dir; as root both run as the `postgres` user, which PostgreSQL
-requires. `fsync=off`: a throwaway server trades its own crash-safety for speed (kill your processes in crash
-tests, never the server). `stop()` shuts it down and removes the dir.
+requires. By default `fsync=off`: a throwaway server trades its own crash-safety for speed (kill your
+processes in crash tests, never the server); `start_cluster(durable=True)` keeps PostgreSQL's defaults
+(benchmarks). `stop()` shuts it down and removes the dir.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class TemporaryPostgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_cluster() -> TemporaryPostgres:
-    """initdb and start a private server (the binaries from PATH or /usr/lib/postgresql/*/bin)."""
+def start_cluster(*, durable: bool = False) -> TemporaryPostgres:
+    """initdb and start a private server (the binaries from PATH or /usr/lib/postgresql/*/bin); `durable`
+    keeps fsync and synchronous commits on."""
     bin_dir = find_bin_dir()
     # Not under pytest's tmp dirs: those are 0700 root, and the server runs as `postgres`.
     root = Path(tempfile.mkdtemp(prefix="durable-bots-pg-"))
@@ -93,8 +95,10 @@ def start_cluster() -> TemporaryPostgres:
     )
     options = (
         f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        "-c max_connections=200"
     )
+    if not durable:
+        options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     subprocess.run(
         _as_server_user(
             [
