@@ -287,6 +287,12 @@ class PostgresStorage:
             await _close_pool(pool)
             raise
 
+    @classmethod
+    async def open_read_only(cls, dsn: str, *, connect_timeout: float = 10.0) -> PostgresStorage:
+        """Open for reading beside a running owner: no lease, no migration, commits refused (operator
+        commands). Each read sees the latest committed state."""
+        return await cls.open(dsn, read_only=True, connect_timeout=connect_timeout)
+
     @property
     def description(self) -> str:
         return self._description

@@ -118,7 +118,7 @@ async def test_read_only_open_needs_no_lease_and_refuses_commits(pg_url: str) ->
     leader = await PostgresStorage.open(pg_url)
     try:
         await leader.commit([CommitBatch(seq=1, next_id=10, conversations=[Conversation(id=1)])])
-        reader = await PostgresStorage.open(pg_url, read_only=True)
+        reader = await PostgresStorage.open_read_only(pg_url)
         try:
             assert reader.read_only
             assert await reader.conversation(1) is not None
