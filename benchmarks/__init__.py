@@ -16,4 +16,5 @@ BENCHMARKS: dict[str, str] = {
     "context_cost": "benchmarks.context_cost",
     "idle_memory": "benchmarks.idle_memory",
     "postgres": "benchmarks.postgres",
+    "takeover": "benchmarks.takeover",
 }

@@ -39,6 +39,7 @@ from harness_core.records import (
 from harness_core.storage._common import check_cursor, make_cursor, materialize
 from harness_core.storage._postgres_lease import (
     FENCE,
+    RELEASED_CHANNEL,
     Lease,
     LeaseHolder,
     lease_error,
@@ -675,19 +676,33 @@ async def _take_lease(
 ) -> Lease:
     holder = new_holder_id()
     margin = min(2.0, ttl / 5)
-    announced = False
-    while True:
-        got = await try_take(conn, _PARTITION, holder, ttl)
-        if not isinstance(got, LeaseHolder):
-            epoch, sent = got
-            return Lease(pool, description, _PARTITION, holder, epoch, sent, ttl, margin)
-        if on_standby is None:
-            raise lease_error(description, got)
-        if not announced:
-            on_standby(got)
-            announced = True
-        # Polling: a released lease is taken within this interval, an expired one within it after the ttl.
-        await asyncio.sleep(min(0.5, ttl / 4))
+    released = asyncio.Event()
+    listening = False
+
+    def wake(*_: object) -> None:
+        released.set()
+
+    try:
+        while True:
+            released.clear()
+            got = await try_take(conn, _PARTITION, holder, ttl)
+            if not isinstance(got, LeaseHolder):
+                epoch, sent = got
+                return Lease(pool, description, _PARTITION, holder, epoch, sent, ttl, margin)
+            if on_standby is None:
+                raise lease_error(description, got)
+            if not listening:
+                # A graceful release wakes us at once; polling covers an expiry (and a lost notification).
+                await conn.add_listener(RELEASED_CHANNEL, wake)
+                listening = True
+                on_standby(got)
+                continue  # released between the first try and LISTEN: try again before waiting
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(released.wait(), min(0.5, ttl / 4))
+    finally:
+        if listening:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await conn.remove_listener(RELEASED_CHANNEL, wake)
 
 
 async def _close_pool(pool: asyncpg.Pool) -> None:

@@ -56,6 +56,8 @@ _WHO = """
 SELECT holder, pid, host, epoch, GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()))::float8
 FROM leases WHERE partition = $1
 """
+# Standbys LISTEN here; a graceful release NOTIFYs, so they take over at once instead of at their next poll.
+RELEASED_CHANNEL = "durable_bots_lease_released"
 # The fence, run first in every commit transaction.
 FENCE = "SELECT epoch FROM leases WHERE partition = $1 AND holder = $2 FOR SHARE"
 
@@ -197,6 +199,9 @@ class Lease:
         try:
             async with self._pool.acquire(timeout=2) as conn:
                 await conn.execute(_RELEASE, self.partition, self.holder, self.epoch, timeout=2)
+                await conn.execute(
+                    "SELECT pg_notify($1, $2)", RELEASED_CHANNEL, str(self.partition), timeout=2
+                )
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # The lease then simply expires after its ttl.
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
