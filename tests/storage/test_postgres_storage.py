@@ -9,6 +9,7 @@ import time
 import asyncpg
 import pytest
 
+from harness_core import EntryDraft, Harness, Tx
 from harness_core.errors import LeaseLost, StorageError, StorageLocked
 from harness_core.records import Conversation, Entry
 from harness_core.storage import CommitBatch, LeaseHolder, PostgresStorage, redact_url
@@ -198,5 +199,52 @@ async def test_a_connection_killed_mid_commit_fails_the_commit_and_leaves_a_cons
         assert meta.last_seq >= 1
         assert meta.next_id >= 10
         await successor.commit([CommitBatch(seq=meta.last_seq + 1, next_id=meta.next_id, entries=[])])
+    finally:
+        await successor.close()
+
+
+async def test_the_harness_closes_on_a_connection_killed_mid_commit_and_the_next_leader_reads_a_whole_store(
+    pg_url: str,
+) -> None:
+    harness = await Harness.open(await PostgresStorage.open(pg_url))
+    conversation = await harness.create_conversation()
+    admin = await asyncpg.connect(pg_url)
+    try:
+        blocker = admin.transaction()
+        await blocker.start()
+        await admin.execute("LOCK TABLE entries IN ACCESS EXCLUSIVE MODE")
+
+        async def two_notes(tx: Tx) -> None:
+            tx.append_entry(conversation.id, EntryDraft(kind="t.note", data={"n": 1}))
+            tx.append_entry(conversation.id, EntryDraft(kind="t.note", data={"n": 2}))
+
+        commit = asyncio.create_task(harness.commit(two_notes))
+        victim = None
+        for _ in range(100):
+            victim = await admin.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if victim is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert victim is not None
+        await admin.fetchval("SELECT pg_terminate_backend($1)", victim)
+        await blocker.rollback()
+        with pytest.raises(Exception):  # noqa: B017  (the commit fails; the harness reports why on `closed`)
+            await commit
+    finally:
+        await admin.close()
+    info = await asyncio.wait_for(harness.closed, 10)
+    assert info.reason == "failed"
+    await harness.close()  # releases the lease
+    successor = await Harness.open(await PostgresStorage.open(pg_url))
+    try:
+        handle = await successor.conversation(conversation.id)
+        assert handle is not None
+        page = await handle.entries(limit=50)
+        assert [e for e in page.items if e.kind == "t.note"] == []  # all or nothing: nothing
+        await successor.commit(two_notes)
+        page = await handle.entries(limit=50)
+        assert sorted(e.data["n"] for e in page.items if e.kind == "t.note") == [1, 2]
     finally:
         await successor.close()
