@@ -313,6 +313,15 @@ class PostgresStorage:
         if self._lease is not None:
             self._lease.check()
 
+    def not_ready(self) -> str | None:
+        """Why this process should not count as ready (for a readiness probe), or None: the lease is lost or
+        no longer safely valid."""
+        if self._closed:
+            return "storage closed"
+        if self._lease is not None and not self._lease.valid():
+            return "storage lease lost" if self._lease.lost.done() else "storage lease not renewed in time"
+        return None
+
     def _check(self) -> None:
         if self._closed:
             raise StorageClosed(f"storage {self._description} is closed")

@@ -93,6 +93,7 @@ async def test_lease_validity_by_the_monotonic_clock(pg_url: str) -> None:
         lease = storage.lease
         assert lease is not None
         assert lease.valid()
+        assert storage.not_ready() is None
         storage.check_owner()
         await asyncio.sleep(2.5)  # renewed every ttl/3 meanwhile
         assert lease.valid()
@@ -110,6 +111,8 @@ async def test_renewal_notices_a_takeover_and_reports_why(pg_url: str) -> None:
         reason = await asyncio.wait_for(old.lease.lost, timeout=5)
         assert "taken over" in reason
         assert not old.lease.valid()
+        assert old.not_ready() == "storage lease lost"
+        assert new.not_ready() is None
     finally:
         await old.close()
         await new.close()
