@@ -239,7 +239,7 @@ class PostgresStorage:
         read_only: bool = False,
         lease_ttl: float = 10.0,
         on_standby: Callable[[LeaseHolder], None] | None = None,
-        pool_size: int = 4,
+        pool_size: int = 4,  # connections for reads; the writer and the lease renewal hold one more each
         connect_timeout: float = 10.0,
     ) -> PostgresStorage:
         """Connect, migrate the schema, take the store's lease.
@@ -253,7 +253,7 @@ class PostgresStorage:
         description = redact_url(dsn)
         try:
             pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=max(pool_size, 2), timeout=connect_timeout, command_timeout=60
+                dsn, min_size=1, max_size=max(pool_size, 1) + 2, timeout=connect_timeout, command_timeout=60
             )
         except _DRIVER_ERRORS as exc:
             raise StorageError(f"cannot open storage {description}: {exc}") from exc

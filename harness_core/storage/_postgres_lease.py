@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -125,6 +126,7 @@ class Lease:
         self._valid_until = sent + ttl - margin
         self._lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._renewing: asyncio.Task[None] | None = None
+        self._conn: Any = None  # the renewal connection (a pool connection held by the renewal task)
         self._on_lost: list[Callable[[str], None]] = []
 
     def start(self) -> None:
@@ -155,25 +157,43 @@ class Lease:
             self._lost.set_result(reason)
 
     async def _renew_loop(self) -> None:
-        interval = self.ttl / 3
-        while not self._lost.done():
-            await asyncio.sleep(interval)
-            sent = time.monotonic()
-            if sent >= self._valid_until:
-                self.check_silently()
-                return
-            try:
-                async with self._pool.acquire(timeout=max(self._valid_until - sent, 0.01)) as conn:
-                    epoch = await conn.fetchval(
-                        _RENEW, self.partition, self.holder, self.epoch, self.ttl, timeout=self.ttl / 3
-                    )
-            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
-                continue
-            if epoch is None:
-                await self._lost_to_successor()
-                return
-            self._valid_until = sent + self.ttl - self.margin
+        # On a connection of its own, held for the lease's life: busy readers can never starve a renewal.
+        wait = self.ttl / 3
+        try:
+            while not self._lost.done():
+                await asyncio.sleep(wait)
+                sent = time.monotonic()
+                if sent >= self._valid_until:
+                    self.check_silently()
+                    return
+                try:
+                    epoch = await self._renew_once(sent)
+                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
+                    await self._drop_connection()
+                    wait = min(self.ttl / 3, 0.5)  # retry soon: the lease is still valid for a while
+                    continue
+                if epoch is None:
+                    await self._lost_to_successor()
+                    return
+                self._valid_until = sent + self.ttl - self.margin
+                wait = self.ttl / 3
+        finally:
+            await self._drop_connection()
+
+    async def _renew_once(self, sent: float) -> Any:
+        budget = max(self._valid_until - sent, 0.01)
+        if self._conn is None:
+            self._conn = await self._pool.acquire(timeout=budget)
+        return await self._conn.fetchval(
+            _RENEW, self.partition, self.holder, self.epoch, self.ttl, timeout=min(budget, self.ttl / 3)
+        )
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn, timeout=1)
 
     def check_silently(self) -> None:
         with contextlib.suppress(LeaseLost):

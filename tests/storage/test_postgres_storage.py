@@ -251,3 +251,27 @@ async def test_the_harness_closes_on_a_connection_killed_mid_commit_and_the_next
         assert sorted(e.data["n"] for e in page.items if e.kind == "t.note") == [1, 2]
     finally:
         await successor.close()
+
+
+async def test_a_dropped_renewal_connection_is_replaced_and_the_lease_kept(pg_url: str) -> None:
+    storage = await PostgresStorage.open(pg_url, lease_ttl=1.5)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        renewer = None
+        for _ in range(100):
+            renewer = await admin.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE '%UPDATE leases SET expires_at%' "
+                "AND pid <> pg_backend_pid() LIMIT 1"
+            )
+            if renewer is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert renewer is not None
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", renewer)
+        await asyncio.sleep(3.0)  # two ttls: renewed on a new connection meanwhile
+        assert storage.lease is not None
+        assert storage.lease.valid()
+        await storage.commit([CommitBatch(seq=1, next_id=2, conversations=[Conversation(id=1)])])
+    finally:
+        await admin.close()
+        await storage.close()
