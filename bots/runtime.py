@@ -38,6 +38,7 @@ from harness_core import (
     ModelRef,
     Models,
     Registry,
+    StorageError,
     StorageLocked,
     Tx,
 )
@@ -259,6 +260,10 @@ async def open_storage(
                 "without --no-standby to wait as its standby",
                 EXIT_LOCKED,
             ) from None
+        except (
+            StorageError
+        ) as exc:  # unreachable server, bad credentials, a schema too new: say it in one line
+            raise BotError(str(exc)) from None
     path = target.path or config.storage_path
     if must_exist and not path.exists():
         raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp import web
-from bots_cli_support import BotProcess, bot_env, shipped_config_in, toml_value
+from bots_cli_support import BotProcess, bot_env, free_port, shipped_config_in, toml_value
 
 from adapters.slack.testing import Channel, FakeSlack, Message
 
@@ -326,3 +326,21 @@ async def test_database_url_is_used_when_the_config_names_no_storage_and_its_pas
     (start,) = [line for line in bot.lines if " starting (" in line]
     assert f"storage {pg_url})" in start, start
     assert "s3cret-pw" not in bot.output() + await bot.stderr()
+
+
+async def test_an_unreachable_database_is_one_line_without_the_password(
+    fake: FakeSlack, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = pg_config(tmp_path, f"postgresql://bot@127.0.0.1:{port}/ops")
+    env = bot_env(tmp_path, **fake.env, PGPASSWORD="s3cret-pw")
+    bot = await BotProcess.start(config, "--adapter", "slack", env=env)
+    try:
+        assert await bot.finish(60) == 1
+        stderr = await bot.stderr()
+    finally:
+        await bot.kill()
+    assert stderr.startswith(f"durable-bots: cannot open storage postgresql://bot@127.0.0.1:{port}/ops"), (
+        stderr
+    )
+    assert "Traceback" not in stderr and "s3cret-pw" not in stderr
