@@ -7,9 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bots.cli import main
-from bots.config import ConfigError, key_lines, load_config, parse_config
+from bots.config import ConfigError, key_lines, load_config, parse_config, storage_url_problem
 from bots.runtime import bridge_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,3 +234,24 @@ def test_storage_url_problems_are_named_without_echoing_the_url() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(NO_GATES).storage_target({"DATABASE_URL": "redis://:hunter2@cache/0"})
     assert "DATABASE_URL" in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    url=st.text(max_size=60)
+    | st.builds(lambda p: f"postgresql://u:{p}@h/db", st.text(min_size=1, max_size=20))
+)
+def test_any_database_url_is_a_storage_or_a_problem_that_never_echoes_it(url: str) -> None:
+    config = parse_config(NO_GATES)
+    problem = storage_url_problem(url) if url else None
+    if problem is not None:
+        with pytest.raises(ConfigError) as caught:
+            config.storage_target({"DATABASE_URL": url})
+        # A fixed sentence: never the URL itself, which may hold a password.
+        assert str(caught.value) == f"environment: DATABASE_URL: {problem}"
+        return
+    target = config.storage_target({"DATABASE_URL": url})
+    if url:
+        assert (target.kind in ("postgres", "sqlite"), target.source) == (True, "DATABASE_URL")
+    else:
+        assert (target.kind, target.source) == ("sqlite", "config")  # empty: as if unset

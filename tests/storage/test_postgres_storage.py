@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from urllib.parse import quote
 
 import asyncpg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness_core import EntryDraft, Harness, Tx
 from harness_core.errors import LeaseLost, StorageError, StorageLocked
@@ -275,3 +278,16 @@ async def test_a_dropped_renewal_connection_is_replaced_and_the_lease_kept(pg_ur
     finally:
         await admin.close()
         await storage.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    user=st.text(min_size=1, max_size=12),
+    password=st.text(min_size=4, max_size=24),
+    host=st.from_regex(r"[a-z][a-z0-9-]{0,15}(\.[a-z]{2,5})?", fullmatch=True),
+    query=st.sampled_from(["", "?sslmode=require", "?password=other-secret"]),
+)
+def test_redacted_urls_never_hold_the_password(user: str, password: str, host: str, query: str) -> None:
+    dsn = f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}@{host}:5432/ops{query}"
+    # Exactly user, host, port and database: no password field, no query (which may carry one too).
+    assert redact_url(dsn) == f"postgresql://{quote(user, safe='')}@{host}:5432/ops"
