@@ -344,3 +344,11 @@ async def test_an_unreachable_database_is_one_line_without_the_password(
         stderr
     )
     assert "Traceback" not in stderr and "s3cret-pw" not in stderr
+
+
+async def test_a_standby_stops_at_once_on_sigterm_and_leaves_the_leader_alone(pair: Pair) -> None:
+    leader, standby = await pair.leader_and_standby()
+    assert await standby.terminate(15) == 0, await standby.stderr()
+    assert "durable-bots: stopped while on standby" in standby.output()
+    assert leader.process.returncode is None
+    assert await leader.terminate() == 0, await leader.stderr()
