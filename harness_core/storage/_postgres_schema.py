@@ -5,7 +5,7 @@ advisory lock, so two processes opening a fresh database at once migrate it once
 newer than this build knows is refused.
 
 Records are stored whole as the UTF-8 bytes of their JSON (`bytea`), not `jsonb`: measured on this harness's
-records (benchmarks/pg_body_format.py, RESULTS.md) bytea inserts faster and takes less room, and jsonb would
+records (`python -m benchmarks postgres`, benchmarks/RESULTS.md) bytea inserts faster and takes less room, and jsonb would
 refuse strings holding U+0000 (valid strict JSON) and reorder object keys, so a reopened context would not be
 byte-identical to the one the model saw. The other columns exist only to be indexed.
 
