@@ -15,4 +15,6 @@ BENCHMARKS: dict[str, str] = {
     "recovery": "benchmarks.recovery",
     "context_cost": "benchmarks.context_cost",
     "idle_memory": "benchmarks.idle_memory",
+    "postgres": "benchmarks.postgres",
+    "takeover": "benchmarks.takeover",
 }

@@ -1,7 +1,8 @@
 """`durable-bots` / `python -m bots`: run the bot and the commands an operator needs at 3 a.m.
 
-Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry); 2 the storage is held by another
-process (the running bot) or the command line is wrong.
+Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry, a lost PostgreSQL lease); 2 the
+storage is held by another process (the running bot; on PostgreSQL `run` waits as a standby instead unless
+`--no-standby`) or the command line is wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from bots.backup import backup_storage
 from bots.config import BotConfig, ConfigError, load_config
 from bots.doctor import doctor_command
 from bots.logs import setup_logging
+from bots.migrate import migrate_command
 from bots.operator import (
     approvals_command,
     cancel_command,
@@ -64,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="slack, discord or devchat; repeat for several (default: every [adapters.<name>] table)",
     )
+    run.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="PostgreSQL: exit with code 2 when another process owns the store, instead of waiting as its standby",
+    )
 
     inspect = sub.add_parser(
         "inspect",
@@ -100,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
+    migrate = sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="copy a stopped bot's SQLite store into an empty PostgreSQL database",
+    )
+    migrate.add_argument(
+        "--from", dest="source", required=True, metavar="URL", help="sqlite:///var/ops.sqlite"
+    )
+    migrate.add_argument(
+        "--to", dest="target", metavar="URL", help="postgresql://user@host/db (default: $DATABASE_URL)"
+    )
+
     backup = sub.add_parser(
         "backup",
         parents=[common],
@@ -120,7 +139,7 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
     env = dict(os.environ)
     out = sys.stdout
     if args.command == "run":
-        return await run_bot(config, args.adapter, env)
+        return await run_bot(config, args.adapter, env, standby=not args.no_standby)
     if args.command in ("inspect", "tasks"):
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":
@@ -176,6 +195,12 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
+    if args.command == "migrate":  # needs no config: both stores are named on the command line
+        try:
+            return asyncio.run(migrate_command(args.source, args.target, dict(os.environ), sys.stdout))
+        except BotError as exc:
+            print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
+            return exc.exit_code
     try:
         config = load_config(args.config)
     except ConfigError as exc:

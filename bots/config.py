@@ -19,8 +19,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness_core import CompactionSettings, HarnessSettings, ModelRef, RetrySettings, ToolSettings
 
@@ -68,9 +77,70 @@ class BotSection(_Section):
         return ModelRef.parse(self.model)
 
 
+STORAGE_SCHEMES = ("postgresql", "postgres", "sqlite")
+
+
 class StorageSection(_Section):
+    """Where the store lives: a SQLite file (`path`, the default) or a database URL (`url`). With neither
+    named, `DATABASE_URL` from the environment is used when set (the 12-factor convention)."""
+
     path: Path = Path("var/ops.sqlite")
     durability: Literal["normal", "full"] = "normal"
+    url: str | None = None  # "postgresql://user@host/db" or "sqlite:///var/ops.sqlite"
+    lease_ttl: float = Field(default=10.0, gt=0, le=600)  # PostgreSQL: how long a dead owner holds the store
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        problem = storage_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        if urlsplit(value).password:
+            raise ValueError(
+                "the URL holds a password, and secrets never live in the config file: leave [storage] url "
+                "out and set DATABASE_URL, or keep the password in PGPASSWORD or ~/.pgpass"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_place(self) -> StorageSection:
+        if self.url is not None and "path" in self.model_fields_set:
+            raise ValueError("name the storage once: either path (a SQLite file) or url, not both")
+        return self
+
+
+def storage_url_problem(url: str) -> str | None:
+    """Why `url` cannot name a storage (None when it can). Never echoes the URL: it may hold a password."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "not a valid URL"
+    if parts.scheme not in STORAGE_SCHEMES:
+        return "must start with postgresql:// (or postgres://) or sqlite:///, e.g. sqlite:///var/ops.sqlite"
+    if parts.scheme == "sqlite" and (parts.netloc or not parts.path.strip("/")):
+        return "a SQLite URL names a file: sqlite:///relative/path.sqlite or sqlite:////absolute/path.sqlite"
+    return None
+
+
+@dataclass(frozen=True)
+class StorageTarget:
+    """The storage the bot opens: a SQLite file, or a PostgreSQL URL (which may hold a password: never print
+    it; `PostgresStorage.description` is the printable form)."""
+
+    kind: Literal["sqlite", "postgres"]
+    path: Path | None = None
+    url: str | None = None
+    source: str = "config"  # "config" or "DATABASE_URL"
+
+
+def storage_target_of(url: str, source: str) -> StorageTarget:
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        # sqlite:///var/x.sqlite is relative to the working directory, sqlite:////var/x.sqlite absolute.
+        return StorageTarget("sqlite", path=Path(parts.path[1:]).absolute(), source=source)
+    return StorageTarget("postgres", url=url, source=source)
 
 
 AnswerMode = Literal["mentions", "all", "none"]
@@ -216,7 +286,25 @@ class BotConfig(_Section):
 
     @property
     def storage_path(self) -> Path:
+        """The SQLite file (from `path`, or a sqlite:/// `url`); with PostgreSQL its directory still holds
+        the bot's own files (tickets, recorded deploys)."""
+        if self.storage.url is not None and self.storage.url.startswith("sqlite:"):
+            path = storage_target_of(self.storage.url, "config").path
+            assert path is not None
+            return path
         return self.storage.path.absolute()
+
+    def storage_target(self, env: Mapping[str, str]) -> StorageTarget:
+        """`[storage] url`, else `[storage] path`, else `DATABASE_URL` when set, else the default file."""
+        if self.storage.url is not None:
+            return storage_target_of(self.storage.url, "config")
+        if "path" not in self.storage.model_fields_set and env.get("DATABASE_URL"):
+            url = env["DATABASE_URL"]
+            problem = storage_url_problem(url)
+            if problem is not None:
+                raise ConfigError([Problem("environment", None, "DATABASE_URL", problem)])
+            return storage_target_of(url, "DATABASE_URL")
+        return StorageTarget("sqlite", path=self.storage_path)
 
     @property
     def data_dir(self) -> Path:

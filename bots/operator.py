@@ -61,8 +61,13 @@ async def _operator_runtime(config: BotConfig, env: Mapping[str, str], *, readin
     return await open_runtime(config, env, must_exist=True, read_only=True)
 
 
+def _snapshot(runtime: Runtime) -> bool:
+    """Was the storage opened read-only beside a running bot? (Backends without read-only opens never are.)"""
+    return bool(getattr(runtime.storage, "read_only", False))
+
+
 def _source_line(config: BotConfig, runtime: Runtime) -> str:
-    if runtime.storage.read_only:
+    if _snapshot(runtime):
         return f"storage: {config.storage_path} (a snapshot read beside the running bot; nothing was written)"
     return f"storage: {config.storage_path} (read by the operator; nothing was scheduled)"
 
@@ -228,8 +233,8 @@ async def inspect_command(
         await runtime.close()
     report = {
         "storage": str(config.storage_path),
-        "snapshot_beside_running_bot": runtime.storage.read_only,
-        "scheduling": "running (by the bot)" if runtime.storage.read_only else scheduling,
+        "snapshot_beside_running_bot": _snapshot(runtime),
+        "scheduling": "running (by the bot)" if _snapshot(runtime) else scheduling,
         "conversations": conversations,
         "tasks": tasks,
         "parked": [t["id"] for t in tasks if t["state"] == "parked"],

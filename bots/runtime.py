@@ -43,12 +43,13 @@ from harness_core import (
     ModelRef,
     Models,
     Registry,
+    StorageError,
     StorageLocked,
     Tx,
 )
 from harness_core.models.anthropic import AnthropicProvider
 from harness_core.models.openai import OpenAIProvider
-from harness_core.storage import SqliteStorage
+from harness_core.storage import LeaseHolder, OperatorRequests, PostgresStorage, SqliteStorage, Storage
 
 log = logging.getLogger("bots")
 
@@ -211,7 +212,7 @@ def agent_change(config: BotConfig, tools: Sequence[str]) -> AgentChange:
 class Runtime:
     config: BotConfig
     env: Mapping[str, str]
-    storage: SqliteStorage
+    storage: Storage
     harness: Harness
     bridge: Bridge
     models: Models
@@ -248,6 +249,49 @@ def locked_message(path: Path, exc: StorageLocked) -> str:
     return f"another durable-bots process (pid {pid}, host {host}) is using {path}; stop it first"
 
 
+async def open_storage(
+    config: BotConfig,
+    env: Mapping[str, str],
+    *,
+    must_exist: bool = False,
+    on_standby: Callable[[LeaseHolder], None] | None = None,
+    read_only: bool = False,
+) -> Storage:
+    """Open the configured storage for writing: the SQLite file (owner lock) or PostgreSQL (lease). With
+    `on_standby`, a PostgreSQL store whose lease another process holds is waited for (it is called once with
+    the holder); without it, or on SQLite, a held store is `BotError` with exit code 2.
+
+    `read_only`: a snapshot beside a running bot (operator reads): no owner lock, no lease, commits refused."""
+    target = config.storage_target(env)
+    if target.kind == "postgres":
+        assert target.url is not None
+        try:
+            if read_only:
+                return await PostgresStorage.open_read_only(target.url)
+            return await PostgresStorage.open(
+                target.url, lease_ttl=config.storage.lease_ttl, on_standby=on_standby
+            )
+        except StorageLocked as exc:
+            raise BotError(
+                f"another durable-bots process ({exc.holder}) owns {exc.path}; stop it first, or run the bot "
+                "without --no-standby to wait as its standby",
+                EXIT_LOCKED,
+            ) from None
+        except (
+            StorageError
+        ) as exc:  # unreachable server, bad credentials, a schema too new: say it in one line
+            raise BotError(str(exc)) from None
+    path = target.path or config.storage_path
+    if must_exist and not path.exists():
+        raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
+    try:
+        if read_only:
+            return await SqliteStorage.open_read_only(path)
+        return await SqliteStorage.open(path, durability=config.storage.durability)
+    except StorageLocked as exc:
+        raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+
+
 async def open_runtime(
     config: BotConfig,
     env: Mapping[str, str],
@@ -257,8 +301,10 @@ async def open_runtime(
     must_exist: bool = False,
     read_only: bool = False,
     metrics: BotMetrics | None = None,
+    on_standby: Callable[[LeaseHolder], None] | None = None,
 ) -> Runtime:
-    """Open the storage (taking the owner lock) and build harness, bridge and tools. Schedules nothing.
+    """Open the storage (taking the owner lock or lease) and build harness, bridge and tools. Schedules
+    nothing.
 
     `read_only`: open a snapshot of the storage without the owner lock, beside a running bot (operator
     reads); the harness then refuses every commit. `metrics`: measure model requests and commits."""
@@ -267,19 +313,14 @@ async def open_runtime(
         raise BotError("\n".join(str(p) for p in problems))
     known, _ = known_tools(config)
     tools = enabled_tools(config, known)
-    path = config.storage_path
-    if must_exist and not path.exists():
-        raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
     models = build_models(config.bot.model_ref, env)
     try:
-        storage = await (
-            SqliteStorage.open_read_only(path)
-            if read_only
-            else SqliteStorage.open(path, durability=config.storage.durability)
+        storage = await open_storage(
+            config, env, must_exist=must_exist, on_standby=on_standby, read_only=read_only
         )
-    except StorageLocked as exc:
+    except BaseException:
         await models.aclose()  # operator commands then open a read-only snapshot: leave no client behind
-        raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+        raise
     if metrics is not None:
         for provider in models.providers():
             models.set_provider(metrics.provider(provider))
@@ -293,7 +334,15 @@ async def open_runtime(
         read_only=read_only,
     )
     agent = agent_change(config, tools)
-    bridge = Bridge(harness, config=bridge_config(config), agent=agent, approvals=approval_policies(config))
+    # PostgreSQL: no platform write goes out unless this process still safely owns the store.
+    guard = storage.check_owner if isinstance(storage, PostgresStorage) else None
+    bridge = Bridge(
+        harness,
+        config=bridge_config(config),
+        agent=agent,
+        approvals=approval_policies(config),
+        write_guard=guard,
+    )
     ctx = OpsContext(config=config, env=env, storage=storage, transport=transport)
     registry.install(ops_extension(ctx))
     registry.install(history_extension(ctx))
@@ -415,6 +464,29 @@ def adapter_url(adapter: Adapter, options: Mapping[str, Any]) -> str | None:
 # --- run ---------------------------------------------------------------------------------------------------
 
 
+async def _open_unless_stopped(
+    config: BotConfig,
+    env: Mapping[str, str],
+    stop: asyncio.Event,
+    on_standby: Callable[[LeaseHolder], None] | None,
+    metrics: BotMetrics | None = None,
+) -> Runtime | None:
+    """open_runtime(), given up (None) when `stop` is set first: a standby must leave on SIGTERM."""
+    opening = asyncio.ensure_future(open_runtime(config, env, on_standby=on_standby, metrics=metrics))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({opening, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if opening.done():
+        return opening.result()
+    opening.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        runtime = await opening
+        await runtime.close()  # opened just as we were told to stop
+    return None
+
+
 class Console:
     """What `run` tells the operator: short lines on stdout, flushed (tests and supervisors read them)."""
 
@@ -432,9 +504,14 @@ async def run_bot(
     *,
     console: Console | None = None,
     stop: asyncio.Event | None = None,
+    standby: bool = True,
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
-    then the harness closes (running work is signalled and joined; nothing counts as a crash)."""
+    then the harness closes (running work is signalled and joined; nothing counts as a crash).
+
+    On PostgreSQL a store another process owns is waited for as its standby (no platform connection until
+    the lease is ours), unless `standby` is False (exit code 2, like SQLite). Losing the lease while running
+    (paused past the ttl, cut off) stops the process at once, without writing anything more."""
     console = console or Console()
     install_log_redaction()
     names = adapter_names(config, requested)
@@ -451,27 +528,6 @@ async def run_bot(
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
     metrics = BotMetrics()
-    runtime = await open_runtime(config, env, metrics=metrics)
-    console.say(
-        f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
-        f"storage {config.storage_path})"
-    )
-    started: list[Adapter] = []
-    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
-    admin: AdminServer | None = None
-    address = config.admin.address
-    if address is not None:
-        try:
-            admin = AdminServer(
-                address, metrics, readiness_of(runtime.harness, started, phase, runtime.storage), env
-            )
-            await admin.start()
-        except AdminError as exc:
-            await runtime.close()
-            raise BotError(str(exc)) from None
-        console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
-    unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
-    desk = OperatorDesk(runtime.storage, runtime.harness, runtime.bridge)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -489,6 +545,51 @@ async def run_bot(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
+
+    def on_standby(holder: LeaseHolder) -> None:
+        console.say(
+            f"durable-bots: standby: the lease is held by {holder.describe()}; taking over when it ends"
+        )
+
+    try:
+        runtime = await _open_unless_stopped(config, env, stop, on_standby if standby else None, metrics)
+    except BaseException:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        raise
+    if runtime is None:  # stopped while waiting as a standby: nothing was opened
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        console.say("durable-bots: stopped while on standby")
+        return EXIT_OK
+    lease = runtime.storage.lease if isinstance(runtime.storage, PostgresStorage) else None
+    console.say(
+        f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
+        f"storage {runtime.storage.description})"
+    )
+    started: list[Adapter] = []
+    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
+    admin: AdminServer | None = None
+    address = config.admin.address
+    if address is not None:
+        try:
+            admin = AdminServer(
+                address, metrics, readiness_of(runtime.harness, started, phase, runtime.storage), env
+            )
+            await admin.start()
+        except AdminError as exc:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+            await runtime.close()
+            raise BotError(str(exc)) from None
+        console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
+    unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
+    # Operator requests (retry/cancel/decide from the command line) need a backend that carries them.
+    desk = (
+        OperatorDesk(runtime.storage, runtime.harness, runtime.bridge)
+        if isinstance(runtime.storage, OperatorRequests)
+        else None
+    )
     reloads = Reloads(runtime, console.say)
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.request)
@@ -513,7 +614,8 @@ async def run_bot(
             if url is not None:
                 console.say(f"{adapter.name}: {redact_url(url)}")
         runtime.harness.resume()
-        desk.start()
+        if desk is not None:
+            desk.start()
         freeze_startup_heap()
         inspection = await runtime.harness.inspect()
         parked = inspection.parked()
@@ -526,9 +628,21 @@ async def run_bot(
         )
         closed: asyncio.Future[Any] = asyncio.ensure_future(asyncio.shield(runtime.harness.closed))
         stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait({closed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        waits = {closed, stopping}
+        lost: asyncio.Future[Any] | None = None
+        if lease is not None:
+            lost = asyncio.ensure_future(asyncio.shield(lease.lost))
+            waits.add(lost)
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        if closed in done:
+        if lost is not None and lost not in done:
+            lost.cancel()
+        if lost is not None and lost in done:
+            closed.cancel()
+            # Another process owns the store now: it carries on with the work; we must write nothing more.
+            console.say(f"durable-bots: {lost.result()}; exiting without writing anything more")
+            code = EXIT_ERROR
+        elif closed in done:
             info = closed.result()
             console.say(f"durable-bots: the storage failed ({info.reason}: {info.error}); exiting")
             code = EXIT_ERROR
@@ -538,7 +652,8 @@ async def run_bot(
             console.say(f"durable-bots: stopping ({why}): intake first, then running work settles")
     finally:
         phase[0] = "stopping"
-        await desk.stop()
+        if desk is not None:
+            await desk.stop()
         await reloads.stop()
         for adapter in reversed(started):
             try:

@@ -340,6 +340,11 @@ async def _execute(
         on_details=on_details,
         time_limit=limit,
     )
+    # A storage shared by processes (PostgreSQL) may have passed to another owner since the intent commit: no
+    # tool effect unless this process still safely owns it (raises LeaseLost; the task is then the new owner's).
+    check_owner = getattr(runtime.harness.session.storage, "check_owner", None)
+    if check_owner is not None:
+        check_owner()
     started = time.monotonic()
     error: Exception | None = None
     result: ToolResult

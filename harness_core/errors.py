@@ -20,6 +20,11 @@ class StorageLocked(StorageError):
         self.holder = holder
 
 
+class LeaseLost(StorageError):
+    """This process no longer owns the PostgreSQL partition (another took over, or renewal failed past the
+    lease's safe validity). Nothing more may be committed or sent; the process should stop."""
+
+
 class StorageCorrupt(StorageError):
     """Stored data that was confirmed by a commit cannot be read back."""
 

@@ -8,7 +8,7 @@ background worker it starts is owned here and cancelled and awaited in `stop()`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from adapters.bridge.approvals import ApprovalPolicy, Approvals, Decision
@@ -34,8 +34,13 @@ class Bridge:
         config: BridgeConfig | None = None,
         agent: AgentChange | None = None,
         approvals: Sequence[ApprovalPolicy] = (),
+        write_guard: Callable[[], None] | None = None,
     ) -> None:
+        """`write_guard` runs right before every platform write (posts, edits, approval cards) and may raise
+        to refuse it: the runtime passes the storage's owner check, so a process that lost its PostgreSQL
+        lease (paused past its ttl, cut off) never writes to the platform again."""
         self.harness = harness
+        self.write_guard = write_guard
         self.config = config or BridgeConfig()
         self.agent = agent  # the agent of conversations the bridge creates for new channels
         self.transports: dict[str, Transport] = {}
@@ -69,7 +74,7 @@ class Bridge:
     def governor(self, platform: str) -> RateGovernor:
         governor = self._governors.get(platform)
         if governor is None:
-            governor = self._governors[platform] = RateGovernor()
+            governor = self._governors[platform] = RateGovernor(guard=self.write_guard)
         return governor
 
     async def start(self) -> None:

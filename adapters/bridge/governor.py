@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from adapters.bridge.model import RetryLater
 
 
 class RateGovernor:
-    def __init__(self, *, per_key_interval: float = 1.0) -> None:
+    def __init__(self, *, per_key_interval: float = 1.0, guard: Callable[[], None] | None = None) -> None:
         self.per_key_interval = per_key_interval
+        # Called right before each call goes out (after waiting its turn); raising refuses the call. The
+        # bridge passes the storage owner check, so a process that lost its PostgreSQL lease posts nothing.
+        self.guard = guard
         self._next_at: dict[str, float] = {}
         self._blocked_until = 0.0  # platform-wide back-off (a 429 without a narrower scope)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -58,6 +61,8 @@ class RateGovernor:
         async with self._lock(key):
             await self._wait_turn(key)
             self.writes += 1
+            if self.guard is not None:
+                self.guard()
             try:
                 yield
             except RetryLater as exc:

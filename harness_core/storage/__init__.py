@@ -3,28 +3,38 @@
 - `MemoryStorage`: reference semantics, nothing survives the process.
 - `SqliteStorage`: aiosqlite, WAL, `synchronous=NORMAL` (or FULL with `durability="full"`); the default.
 - `JsonlStorage`: append-only files with one commit marker per commit.
+- `PostgresStorage`: asyncpg; shared by processes on several machines, one lease holder writes, standbys wait.
 
 Optional capability: `OperatorRequests` (a durable channel from operator commands to the running owner);
 `SqliteStorage` implements it.
 """
 
+from harness_core.storage._copy import CopyReport, copy_sqlite_to_postgres
 from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
+from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres_lease import Lease, LeaseHolder
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
 from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
     "CommitBatch",
+    "CopyReport",
     "DocChange",
     "DocCreate",
     "JsonlStorage",
+    "Lease",
+    "LeaseHolder",
     "MemoryStorage",
     "OperatorRequest",
     "OperatorRequestStatus",
     "OperatorRequests",
     "Order",
+    "PostgresStorage",
     "SqliteStorage",
     "Storage",
     "StorageMeta",
+    "copy_sqlite_to_postgres",
+    "redact_url",
 ]

@@ -14,6 +14,10 @@ A backend must:
   (`StorageCorrupt`), never absence;
 - take an exclusive owner lock when it persists to a file, so a second process gets `StorageLocked`.
 
+A backend shared by processes (PostgreSQL) may also offer `check_owner()`, which raises `LeaseLost` unless this
+process still safely owns the store; the harness calls it right before each tool execution, and the bridge
+before each platform write.
+
 `harness_core.testing.register_storage_conformance` checks all of this against any backend factory.
 """
 

@@ -27,8 +27,12 @@ The tests are coroutines, so run pytest with pytest-asyncio in auto mode (`async
 gets a fresh storage from `factory(tmp_path)` and closes it at the end. When `reopen` is given (close the
 storage and open the same data again), every test also runs in a variant that reopens after every commit,
 which checks that everything a commit wrote comes back from disk.
+
+`start_cluster()` starts a throwaway PostgreSQL server (`TemporaryPostgres`, from the `postgresql` package's
+initdb/pg_ctl) for tests of code on `PostgresStorage`; `stop()` it at the end.
 """
 
+from harness_core.testing._postgres_cluster import TemporaryPostgres, start_cluster
 from harness_core.testing._storage_conformance import (
     StorageFactory,
     StorageReopen,
@@ -36,4 +40,11 @@ from harness_core.testing._storage_conformance import (
     register_storage_conformance,
 )
 
-__all__ = ["StorageFactory", "StorageReopen", "StoreUnderTest", "register_storage_conformance"]
+__all__ = [
+    "StorageFactory",
+    "StorageReopen",
+    "StoreUnderTest",
+    "TemporaryPostgres",
+    "register_storage_conformance",
+    "start_cluster",
+]

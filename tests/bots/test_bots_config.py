@@ -7,9 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bots.cli import main
-from bots.config import ConfigError, key_lines, load_config, parse_config
+from bots.config import ConfigError, key_lines, load_config, parse_config, storage_url_problem
 from bots.runtime import bridge_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +32,10 @@ def test_wrong_type_names_the_key_and_its_line() -> None:
 
 def test_unknown_key_is_an_error_that_lists_the_allowed_keys() -> None:
     (problem,) = problems('[storage]\npath = "x.sqlite"\ndurabilty = "full"\n')
-    assert problem == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability)"
+    assert (
+        problem
+        == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability, url, lease_ttl)"
+    )
 
 
 def test_unknown_table_and_unknown_key_in_a_channel_override() -> None:
@@ -282,3 +287,69 @@ def test_ordinary_text_and_urls_are_not_secrets() -> None:
         '[deploy]\nwebhook_url = "https://deploy.example/hooks/deploy?env=prod"\n[approvals]\ntools = []\n'
     )
     assert config.deploy.webhook_url == "https://deploy.example/hooks/deploy?env=prod"
+
+
+# --- choosing the storage ----------------------------------------------------------------------------------
+
+NO_GATES = "[approvals]\ntools = []\n"
+
+
+def test_storage_url_path_and_database_url_choose_the_storage() -> None:
+    database_url = {"DATABASE_URL": "postgresql://bot:pw@db.internal/ops"}
+    named = parse_config(NO_GATES + '[storage]\nurl = "postgresql://bot@db/ops"\nlease_ttl = 4\n')
+    target = named.storage_target(database_url)
+    assert (target.kind, target.url, target.source) == ("postgres", "postgresql://bot@db/ops", "config")
+    assert named.storage.lease_ttl == 4
+    # Nothing named: the 12-factor DATABASE_URL; a named path wins over it.
+    fallback = parse_config(NO_GATES).storage_target(database_url)
+    assert (fallback.kind, fallback.url, fallback.source) == (
+        "postgres",
+        database_url["DATABASE_URL"],
+        "DATABASE_URL",
+    )
+    path = parse_config(NO_GATES + '[storage]\npath = "x.sqlite"\n').storage_target(database_url)
+    assert (path.kind, path.path) == ("sqlite", Path("x.sqlite").absolute())
+    default = parse_config(NO_GATES).storage_target({})
+    assert (default.kind, default.path) == ("sqlite", Path("var/ops.sqlite").absolute())
+    sqlite_url = parse_config(NO_GATES + '[storage]\nurl = "sqlite:///var/other.sqlite"\n')
+    assert sqlite_url.storage_target({}).path == Path("var/other.sqlite").absolute()
+    assert sqlite_url.storage_path == Path("var/other.sqlite").absolute()
+    assert parse_config(NO_GATES).storage_target({"DATABASE_URL": "sqlite:////tmp/a.sqlite"}).path == Path(
+        "/tmp/a.sqlite"
+    )
+
+
+def test_storage_url_problems_are_named_without_echoing_the_url() -> None:
+    (password,) = problems(NO_GATES + '[storage]\nurl = "postgresql://bot:s3cret@db/ops"\n')
+    assert password.startswith("bot.toml:4: storage.url: the URL holds a password")
+    assert "DATABASE_URL" in password and "s3cret" not in password
+    (scheme,) = problems(NO_GATES + '[storage]\nurl = "mysql://db/ops"\n')
+    assert "must start with postgresql://" in scheme
+    (both,) = problems(NO_GATES + '[storage]\nurl = "postgresql://db/ops"\npath = "x.sqlite"\n')
+    assert "either path (a SQLite file) or url, not both" in both
+    (ttl,) = problems(NO_GATES + "[storage]\nlease_ttl = 0\n")
+    assert ttl.startswith("bot.toml:4: storage.lease_ttl: ")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(NO_GATES).storage_target({"DATABASE_URL": "redis://:hunter2@cache/0"})
+    assert "DATABASE_URL" in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    url=st.text(max_size=60)
+    | st.builds(lambda p: f"postgresql://u:{p}@h/db", st.text(min_size=1, max_size=20))
+)
+def test_any_database_url_is_a_storage_or_a_problem_that_never_echoes_it(url: str) -> None:
+    config = parse_config(NO_GATES)
+    problem = storage_url_problem(url) if url else None
+    if problem is not None:
+        with pytest.raises(ConfigError) as caught:
+            config.storage_target({"DATABASE_URL": url})
+        # A fixed sentence: never the URL itself, which may hold a password.
+        assert str(caught.value) == f"environment: DATABASE_URL: {problem}"
+        return
+    target = config.storage_target({"DATABASE_URL": url})
+    if url:
+        assert (target.kind in ("postgres", "sqlite"), target.source) == (True, "DATABASE_URL")
+    else:
+        assert (target.kind, target.source) == ("sqlite", "config")  # empty: as if unset

@@ -140,6 +140,7 @@ async def open_bot(
     clock: Callable[[], int] | None = None,
     chunk_size: int = 8,
     delay_ms: float = 0,
+    write_guard: Callable[[], None] | None = None,
 ) -> Bot:
     """Open (or reopen) a bot. Pass the `platform` of a previous bot to keep what it posted; `chunk_size` and
     `delay_ms` make the faux model stream slowly (many partials)."""
@@ -150,7 +151,7 @@ async def open_bot(
     harness = await Harness.open(
         storage, models=Models(faux), registry=registry, settings=HarnessSettings(), now=clock
     )
-    bridge = Bridge(harness, config=config, agent=MODEL, approvals=approvals)
+    bridge = Bridge(harness, config=config, agent=MODEL, approvals=approvals, write_guard=write_guard)
     registry.install(bridge.extension())
     if tools:
         registry.install(Extension("tools", tools=list(tools)))

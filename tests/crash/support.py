@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness_core.storage import PostgresStorage, SqliteStorage, Storage
+
 WORKER = Path(__file__).with_name("worker.py")
+STORAGE_URL_ENV = (
+    "DURABLE_BOTS_CRASH_STORAGE_URL"  # set: the worker and the checks use this PostgreSQL database
+)
+
+
+async def open_storage(workdir: Path) -> Storage:
+    """The crash store: `<workdir>/agent.sqlite`, or the PostgreSQL database `DURABLE_BOTS_CRASH_STORAGE_URL` names.
+
+    On PostgreSQL a SIGKILLed worker leaves its lease behind; the next opener waits for it like a standby
+    (a 1 s ttl keeps that short)."""
+    url = os.environ.get(STORAGE_URL_ENV)
+    if url:
+        return await PostgresStorage.open(url, lease_ttl=1.0, on_standby=lambda holder: None)
+    return await SqliteStorage.open(workdir / "agent.sqlite")
 
 
 @dataclass

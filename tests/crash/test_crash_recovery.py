@@ -15,15 +15,15 @@ import pytest
 
 from harness_core import CORE_ASSISTANT, Harness
 from harness_core.messages import AssistantMessage, ToolResultMessage
-from harness_core.storage import SqliteStorage
 
-from .support import ledger, run_worker
+from .support import ledger, open_storage, run_worker
 
-pytestmark = pytest.mark.slow
+# Every crash test runs on SQLite and on PostgreSQL (the `crash_backend` fixture, tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("crash_backend")]
 
 
 async def transcript(workdir: Path, conversation_id: int = 1) -> list[Any]:
-    harness = await Harness.open(await SqliteStorage.open(workdir / "agent.sqlite"))
+    harness = await Harness.open(await open_storage(workdir))
     handle = await harness.conversation(conversation_id)
     assert handle is not None
     page = await handle.entries(limit=500, order="asc")
@@ -165,7 +165,7 @@ async def test_a_timer_killed_while_it_waits_fires_once_and_not_early(
     )
     assert started.killed
     until = started.event("armed")["until"]
-    storage = await SqliteStorage.open(tmp_path / "agent.sqlite")
+    storage = await open_storage(tmp_path)
     (task,) = (await storage.scan_tasks(kind=kind)).items
     await storage.close()
     if kind == "test.timer":  # killed with the wait committed: nothing runs, the deadline is stored
@@ -187,7 +187,7 @@ async def test_subagent_killed_mid_child_run_continues_the_same_child(tmp_path: 
     lines = ledger(tmp_path)
     assert lines.count("child created") == 1
     assert lines.count("investigate") == 2  # replay-safe tool ran again and found its child
-    storage = await SqliteStorage.open(tmp_path / "agent.sqlite")
+    storage = await open_storage(tmp_path)
     tools = (await storage.scan_tasks(kind="core.tool")).items
     children = (await storage.scan_conversations(owner_task_id=tools[0].id)).items
     child_inputs = (await storage.scan_submissions(conversation_id=children[0].id)).items

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from support import open_storage
+
 from harness_core import (
     AgentChange,
     Block,
@@ -47,7 +49,6 @@ from harness_core import (
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
-from harness_core.storage import SqliteStorage
 
 WORKDIR = Path(sys.argv[2])
 SCENARIO = sys.argv[1]
@@ -367,7 +368,7 @@ async def main() -> None:
         registry.install(extension)
     settings = HarnessSettings(restart_limit=int(OPTIONS.get("restart_limit", 5)))
     harness = await Harness.open(
-        await SqliteStorage.open(WORKDIR / "agent.sqlite"),
+        await open_storage(WORKDIR),
         models=Models(FAUX),
         registry=registry,
         settings=settings,

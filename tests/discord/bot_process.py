@@ -43,7 +43,7 @@ from harness_core import (
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
-from harness_core.storage import SqliteStorage
+from harness_core.storage import PostgresStorage, SqliteStorage, Storage
 
 WORKDIR = Path(sys.argv[1])
 CONFIG: dict[str, Any] = json.loads(os.environ.get("BOT_CONFIG", "{}"))
@@ -110,6 +110,15 @@ async def lookup(api: ToolApi) -> str:
     return "looked up"
 
 
+async def open_storage() -> Storage:
+    """`<workdir>/agent.sqlite`, or the PostgreSQL database DURABLE_BOTS_CRASH_STORAGE_URL names (the crash tests
+    run on both); a restart waits out the killed process's lease like a standby (1 s ttl)."""
+    url = os.environ.get("DURABLE_BOTS_CRASH_STORAGE_URL")
+    if url:
+        return await PostgresStorage.open(url, lease_ttl=1.0, on_standby=lambda holder: None)
+    return await SqliteStorage.open(WORKDIR / "agent.sqlite")
+
+
 async def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
     faux = FauxProvider(
@@ -118,7 +127,7 @@ async def main() -> None:
     faux.set_responder(respond)
     registry = Registry()
     harness = await Harness.open(
-        await SqliteStorage.open(WORKDIR / "agent.sqlite"),
+        await open_storage(),
         models=Models(faux),
         registry=registry,
         on_report=lambda error: emit("report", error=repr(error)),

@@ -120,6 +120,7 @@ def approval_message(world: World) -> FakeMessage | None:
     return next((m for m in world.answers() if m.custom_ids()), None)
 
 
+@pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL
 async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_once(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
@@ -166,6 +167,7 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     assert len([m for m in world.answers() if m.custom_ids() or m.content.startswith("✅")]) == 1
 
 
+@pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL
 async def test_sigkill_between_click_and_decision_leaves_the_gate_open_for_another_click(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
@@ -186,6 +188,7 @@ async def test_sigkill_between_click_and_decision_leaves_the_gate_open_for_anoth
     assert gate.content.startswith("✅ `deploy` **approved** by Carol") and len(bots.ledger()) == 1
 
 
+@pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL
 async def test_sigkill_between_post_and_record_beyond_the_nonce_window_posts_once_and_loses_nothing(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
@@ -216,6 +219,7 @@ async def test_sigkill_between_post_and_record_beyond_the_nonce_window_posts_onc
     assert [r.json.get("nonce") for r in fake.calls("POST", MESSAGES_ROUTE)].count(orphan.nonce) == 1
 
 
+@pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL
 async def test_sigkill_mid_stream_finishes_the_same_message_after_restart(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:

@@ -47,7 +47,7 @@ from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Regi
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelInfo, ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
-from harness_core.storage import SqliteStorage
+from harness_core.storage import PostgresStorage, SqliteStorage, Storage
 
 WORKDIR = Path(sys.argv[1])
 OPTIONS: dict[str, Any] = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
@@ -162,6 +162,15 @@ async def read_commands(faux: GatedFaux) -> None:
             faux.releases.put_nowait(None)
 
 
+async def open_storage() -> Storage:
+    """`<workdir>/bot.sqlite`, or the PostgreSQL database DURABLE_BOTS_CRASH_STORAGE_URL names (the crash tests
+    run on both); a restart waits out the killed process's lease like a standby (1 s ttl)."""
+    url = os.environ.get("DURABLE_BOTS_CRASH_STORAGE_URL")
+    if url:
+        return await PostgresStorage.open(url, lease_ttl=1.0, on_standby=lambda holder: None)
+    return await SqliteStorage.open(WORKDIR / "bot.sqlite")
+
+
 async def main() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -185,9 +194,7 @@ async def main() -> None:
     )
     faux.set_responder(respond)
     registry = Registry()
-    harness = await Harness.open(
-        await SqliteStorage.open(WORKDIR / "bot.sqlite"), models=Models(faux), registry=registry
-    )
+    harness = await Harness.open(await open_storage(), models=Models(faux), registry=registry)
     policy = ChannelPolicy(
         answer=OPTIONS.get("answer", "mentions"), reply_in_thread=bool(OPTIONS.get("reply_in_thread", False))
     )

@@ -1,5 +1,5 @@
 """The Slack adapter under SIGKILL: a real bot process is killed at exact moments and restarted on the same
-SQLite file while the fake Slack keeps running. After each restart: no message lost, no duplicate post, no
+store (SQLite, then PostgreSQL) while the fake Slack keeps running. After each restart: no message lost, no duplicate post, no
 duplicate deploy, no approval asked twice.
 
 The kill moments come from outside the product code: the fake Slack kills the process when a request reaches
@@ -14,7 +14,8 @@ from slack_e2e import STORY, Bots, People, approval_messages, button, replies_of
 
 from adapters.slack.testing import FakeSlack, RecordedCall
 
-pytestmark = pytest.mark.timeout(120)
+# Every test runs on SQLite and on PostgreSQL (the `crash_backend` fixture, tests/conftest.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("crash_backend")]
 
 
 def newest_pid(bots: Bots) -> Any:

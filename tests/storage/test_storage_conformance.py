@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness_core.storage import JsonlStorage, MemoryStorage, SqliteStorage, Storage
+import pytest
+
+from harness_core.storage import JsonlStorage, MemoryStorage, PostgresStorage, SqliteStorage, Storage
 from harness_core.testing import register_storage_conformance
 
 
@@ -43,3 +45,27 @@ register_storage_conformance(globals(), "jsonl-fsync", open_jsonl_fsync)
 def test_the_suite_is_registered_under_predictable_names() -> None:
     names = {"TestMemoryStorageConformance", "TestSqliteStorageConformance", "TestJsonlStorageConformance"}
     assert names | {"TestJsonlFsyncStorageConformance"} <= set(globals())
+
+
+# PostgreSQL: every test gets a database of its own on the session's throwaway cluster (tests/pg_cluster.py).
+# The URL reaches the factory through a module global set by an autouse fixture, since the factory signature is
+# the public one (tmp_path only).
+_pg: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _postgres_database(request: pytest.FixtureRequest) -> None:
+    if "Postgres" in request.node.nodeid:
+        _pg["url"] = request.getfixturevalue("pg_url")
+
+
+async def open_postgres(tmp_path: Path) -> Storage:
+    return await PostgresStorage.open(_pg["url"])
+
+
+async def reopen_postgres(storage: Storage, tmp_path: Path) -> Storage:
+    await storage.close()
+    return await PostgresStorage.open(_pg["url"])
+
+
+register_storage_conformance(globals(), "postgres", open_postgres, reopen=reopen_postgres)

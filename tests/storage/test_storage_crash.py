@@ -9,17 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from harness_core.storage import JsonlStorage, SqliteStorage, Storage
+from harness_core.storage import JsonlStorage, PostgresStorage, SqliteStorage, Storage
 
 # The writer: each commit appends 3 entries, replaces a task and adds one delta to a rewindable document, then
 # prints its seq (the acknowledgement). It resumes from the stored seq, so it can be killed and restarted.
 WRITER = """
 import asyncio, sys
 from harness_core.records import Conversation, DocumentContent, DocumentRecord, Entry, Task, TaskState
-from harness_core.storage import CommitBatch, DocChange, DocCreate, JsonlStorage, SqliteStorage
+from harness_core.storage import CommitBatch, DocChange, DocCreate, JsonlStorage, PostgresStorage, SqliteStorage
 
 async def main(kind, path):
-    storage = await (SqliteStorage.open(path) if kind == "sqlite" else JsonlStorage.open(path, fsync=False))
+    if kind == "postgres":  # path is the database URL; a killed writer's lease is waited out
+        storage = await PostgresStorage.open(path, lease_ttl=1.0, on_standby=lambda holder: None)
+    else:
+        storage = await (SqliteStorage.open(path) if kind == "sqlite" else JsonlStorage.open(path, fsync=False))
     seq = (await storage.meta()).last_seq
     if seq == 0:
         record = DocumentRecord(id=2, kind="t.log", scope="conversation", scope_id=1, history="rewindable",
@@ -45,15 +48,17 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-async def open_store(kind: str, root: Path) -> Storage:
+async def open_store(kind: str, root: Path | str) -> Storage:
+    if kind == "postgres":
+        return await PostgresStorage.open(str(root), lease_ttl=1.0, on_standby=lambda holder: None)
     if kind == "sqlite":
-        return await SqliteStorage.open(root / "crash.db")
-    return await JsonlStorage.open(root / "crash")
+        return await SqliteStorage.open(Path(root) / "crash.db")
+    return await JsonlStorage.open(Path(root) / "crash")
 
 
-async def run_and_kill(kind: str, root: Path, acks_wanted: int) -> list[int]:
+async def run_and_kill(kind: str, root: Path | str, acks_wanted: int) -> list[int]:
     """Start the writer, read some acknowledgements, SIGKILL it; return the acknowledged seqs."""
-    target = root / ("crash.db" if kind == "sqlite" else "crash")
+    target = str(root) if kind == "postgres" else Path(root) / ("crash.db" if kind == "sqlite" else "crash")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", WRITER, kind, str(target), stdout=asyncio.subprocess.PIPE
     )
@@ -99,13 +104,17 @@ async def check_complete(storage: Storage, acked: list[int]) -> list[int]:
     return stored
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
-async def test_sigkill_mid_stream_loses_no_acknowledged_commit(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "jsonl", "postgres"])
+async def test_sigkill_mid_stream_loses_no_acknowledged_commit(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # PostgreSQL: a database of its own on the test cluster; the restarted writer waits out the dead one's lease.
+    root: Path | str = request.getfixturevalue("pg_url") if kind == "postgres" else tmp_path
     stored: list[int] = []
     for acks_wanted in (30, 15):  # kill, recover, let a new writer continue the same store, kill again
-        acked = await run_and_kill(kind, tmp_path, acks_wanted)
+        acked = await run_and_kill(kind, root, acks_wanted)
         assert min(acked) > (stored[-1] if stored else 0)
-        storage = await open_store(kind, tmp_path)  # the kernel released the dead writer's lock
+        storage = await open_store(kind, root)  # the kernel released the dead writer's lock
         try:
             stored = await check_complete(storage, acked)
         finally:

@@ -1,0 +1,721 @@
+"""The PostgreSQL backend (asyncpg): a store shared by processes on several machines, one owner at a time.
+
+Same layout as the SQLite backend (each record is one row holding its JSON, a few indexed columns copied out),
+with ownership by a lease with fencing instead of a file lock (see `_postgres_lease`). One commit is one
+transaction on a dedicated writer connection: the fence first, then the batch's statements. Reads use the
+connection pool, so a long scan never queues ahead of a commit.
+
+`PostgresStorage.open(dsn)` takes the lease (or raises `StorageLocked`, or waits as a standby when
+`on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses commits: for operator commands
+while the bot runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from pydantic import BaseModel, ValidationError
+
+from harness_core.errors import LeaseLost, StorageClosed, StorageCorrupt, StorageError, StorageRequestError
+from harness_core.records import (
+    Conversation,
+    DocScope,
+    DocumentContent,
+    DocumentRecord,
+    DocumentValue,
+    Entry,
+    Page,
+    Submission,
+    SubmissionStatus,
+    Task,
+)
+from harness_core.storage._common import check_cursor, make_cursor, materialize
+from harness_core.storage._postgres_lease import (
+    FENCE,
+    RELEASED_CHANNEL,
+    Lease,
+    LeaseHolder,
+    lease_error,
+    new_holder_id,
+    try_take,
+)
+from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
+from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", Conversation, Entry, Task, Submission)
+
+log = logging.getLogger("harness_core.storage")
+
+_MAX_SEQ = 2**63 - 1
+_PARTITION = 0  # one partition for the whole store until the many-workers change
+_ID_BLOCK = 4096
+_SEQ_BLOCK = 1024
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
+
+_INSERT_CONVERSATION = (
+    "INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, $2, $3, $4)"
+)
+_INSERT_ENTRY = (
+    "INSERT INTO entries (id, partition, conversation_id, head, record) VALUES ($1, $2, $3, $4, $5)"
+)
+_UPSERT_TASK = (
+    "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) VALUES ($1, $2, $3, $4, $5, $6) "
+    "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
+    "live = excluded.live, record = excluded.record"
+)
+# ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
+_UPSERT_SUBMISSION = (
+    "INSERT INTO submissions (id, partition, conversation_id, request_id, status, record) "
+    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, "
+    "request_id = excluded.request_id, status = excluded.status, record = excluded.record"
+)
+_INSERT_DOC = (
+    "INSERT INTO doc_records (id, partition, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, "
+    "record) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+)
+_INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES ($1, $2, $3, $4, $5)"
+# A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
+_RECLAIM_BEFORE_BASE = (
+    "DELETE FROM doc_contents WHERE doc_id = $1 AND (seq, part) < ($2, $3) "
+    "AND NOT (SELECT rewindable FROM doc_records WHERE id = $1)"
+)
+_RETIRE = (
+    "UPDATE doc_records d SET retired_seq = r.seq FROM unnest($1::bigint[], $2::bigint[]) AS r(seq, id) "
+    "WHERE d.id = r.id"
+)
+_RECLAIM_RETIRED = (
+    "DELETE FROM doc_contents c USING doc_records d "
+    "WHERE c.doc_id = d.id AND d.id = ANY($1::bigint[]) AND NOT d.rewindable"
+)
+_UPDATE_META = (
+    "UPDATE meta SET next_id = GREATEST(next_id, $2), last_seq = GREATEST(last_seq, $3) WHERE partition = $1"
+)
+_READ_META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
+_NEWEST_BASE = (
+    "SELECT seq, part FROM doc_contents WHERE doc_id = $1 AND is_base AND seq <= $2 "
+    "ORDER BY seq DESC, part DESC LIMIT 1"
+)
+_CONTENTS_FROM = (
+    "SELECT content FROM doc_contents WHERE doc_id = $1 AND (seq, part) >= ($2, $3) AND seq <= $4 "
+    "ORDER BY seq, part"
+)
+
+
+def redact_url(dsn: str) -> str:
+    """The DSN without its password (and without query parameters, which may carry one)."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "postgresql://(unparseable url)"
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc = f"{netloc}:{parts.port}"
+    if parts.username:
+        netloc = f"{parts.username}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _json(record: BaseModel) -> bytes:
+    # As in SQLite: fields left at None are omitted (reading restores them). Bytes of the JSON: see the
+    # schema module for why bytea rather than jsonb.
+    return record.model_dump_json(exclude_none=True).encode("utf-8")
+
+
+@dataclass
+class _Plan:
+    """A commit serialized before any I/O, so a serialization failure leaves the store untouched."""
+
+    conversations: list[tuple[Any, ...]] = field(default_factory=list)
+    entries: list[tuple[Any, ...]] = field(default_factory=list)
+    tasks: list[tuple[Any, ...]] = field(default_factory=list)
+    submissions: list[tuple[Any, ...]] = field(default_factory=list)
+    docs: list[tuple[Any, ...]] = field(default_factory=list)
+    contents: list[tuple[Any, ...]] = field(default_factory=list)
+    bases: list[tuple[Any, ...]] = field(default_factory=list)
+    retire_seqs: list[int] = field(default_factory=list)
+    retire_ids: list[int] = field(default_factory=list)
+    next_id: int = 0
+    last_seq: int = 0
+    reserve: tuple[int, int] | None = None
+
+    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        return [
+            (_INSERT_CONVERSATION, self.conversations),
+            (_INSERT_ENTRY, self.entries),
+            (_UPSERT_TASK, self.tasks),
+            (_UPSERT_SUBMISSION, self.submissions),
+            (_INSERT_DOC, self.docs),
+            (_INSERT_CONTENT, self.contents),
+            (_RECLAIM_BEFORE_BASE, self.bases),
+        ]
+
+
+def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
+    plan = _Plan(next_id=next_id)
+    parts: dict[tuple[int, int], int] = {}
+    p = _PARTITION
+
+    def part(doc_id: int, seq: int) -> int:
+        n = parts[doc_id, seq] = parts.get((doc_id, seq), -1) + 1
+        return n
+
+    for batch in batches:
+        for conv in batch.conversations:
+            plan.conversations.append((conv.id, p, conv.owner_task_id, _json(conv)))
+        for e in batch.entries:
+            plan.entries.append((e.id, p, e.conversation_id, e.head, _json(e)))
+        for t in batch.tasks:
+            plan.tasks.append((t.id, p, t.conversation_id, t.kind, t.live, _json(t)))
+        for s in batch.submissions:
+            plan.submissions.append((s.id, p, s.conversation_id, s.request_id, s.status, _json(s)))
+        for create in batch.doc_creates:
+            r = create.record
+            rewindable = r.scope == "conversation" and r.history == "rewindable"
+            plan.docs.append(
+                (
+                    r.id,
+                    p,
+                    r.kind,
+                    r.scope,
+                    r.scope_id,
+                    r.key,
+                    rewindable,
+                    r.created_seq,
+                    r.retired_seq,
+                    _json(r),
+                )
+            )
+            content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
+            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), True, _json(content)))
+        for change in batch.doc_changes:
+            rev = change.content
+            n = part(change.id, rev.seq)
+            plan.contents.append((change.id, rev.seq, n, rev.is_base, _json(rev)))
+            if rev.is_base:
+                plan.bases.append((change.id, rev.seq, n))
+        for doc_id in batch.doc_retires:
+            plan.retire_seqs.append(batch.seq)
+            plan.retire_ids.append(doc_id)
+        plan.next_id = max(plan.next_id, batch.next_id)
+        plan.last_seq = batch.seq
+    return plan
+
+
+class PostgresStorage:
+    """A PostgreSQL database. Open with `await PostgresStorage.open(dsn)`; one lease holder writes at a time."""
+
+    def __init__(
+        self,
+        description: str,
+        pool: asyncpg.Pool,
+        writer: asyncpg.pool.PoolConnectionProxy | None,
+        lease: Lease | None,
+        meta: StorageMeta,
+    ) -> None:
+        self._description = description
+        self._pool = pool
+        self._writer = writer
+        self._lease = lease
+        self._next_id = meta.next_id
+        self._last_seq = meta.last_seq
+        # As in SQLite: the meta row holds a reservation above what is used, written (fenced) only when
+        # commits pass it and set exact at close. A successor starts above it: nothing stored is minted twice.
+        self._reserved = (meta.next_id, meta.last_seq)
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        read_only: bool = False,
+        lease_ttl: float = 10.0,
+        on_standby: Callable[[LeaseHolder], None] | None = None,
+        pool_size: int = 4,  # connections for reads; the writer and the lease renewal hold one more each
+        connect_timeout: float = 10.0,
+    ) -> PostgresStorage:
+        """Connect, migrate the schema, take the store's lease.
+
+        When another process holds the lease: raise `StorageLocked` naming it, or, with `on_standby`, call it
+        once with the holder and wait until the lease is free (released, or expired after `lease_ttl`).
+        `read_only=True` takes no lease and migrates nothing; `commit()` is refused.
+        """
+        if lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be positive, not {lease_ttl!r}")
+        description = redact_url(dsn)
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=1, max_size=max(pool_size, 1) + 2, timeout=connect_timeout, command_timeout=60
+            )
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"cannot open storage {description}: {exc}") from exc
+        except ValueError as exc:  # a malformed DSN; asyncpg's message never includes the password
+            raise StorageError(f"storage url {description} is not valid: {exc}") from exc
+        try:
+            if read_only:
+                async with pool.acquire() as conn:
+                    version = await stored_version(conn)
+                    if version != SCHEMA_VERSION:
+                        found = "no harness store" if version is None else f"schema version {version}"
+                        raise StorageError(
+                            f"storage {description} holds {found} (this build reads version {SCHEMA_VERSION}); "
+                            "start the bot once to create or migrate it"
+                        )
+                    meta = await _read_meta(conn)
+                return cls(description, pool, None, None, meta)
+            writer = await pool.acquire()
+            try:
+                await migrate(writer, description)
+                lease = await _take_lease(pool, writer, description, lease_ttl, on_standby)
+                meta = await _read_meta(writer)
+            except BaseException:
+                await pool.release(writer)
+                raise
+            lease.start()
+            return cls(description, pool, writer, lease, meta)
+        except _DRIVER_ERRORS as exc:
+            await _close_pool(pool)
+            raise StorageError(f"storage {description}: open failed: {exc}") from exc
+        except BaseException:
+            await _close_pool(pool)
+            raise
+
+    @classmethod
+    async def open_read_only(cls, dsn: str, *, connect_timeout: float = 10.0) -> PostgresStorage:
+        """Open for reading beside a running owner: no lease, no migration, commits refused (operator
+        commands). Each read sees the latest committed state."""
+        return await cls.open(dsn, read_only=True, connect_timeout=connect_timeout)
+
+    @property
+    def description(self) -> str:
+        return self._description
+
+    @property
+    def read_only(self) -> bool:
+        return self._lease is None
+
+    @property
+    def lease(self) -> Lease | None:
+        """The held lease (None when opened read-only): `check()` before every external write, `lost` to
+        stop when another process took over."""
+        return self._lease
+
+    def check_owner(self) -> None:
+        """Raise `LeaseLost` unless this process still safely owns the store (by its own monotonic clock)."""
+        if self._lease is not None:
+            self._lease.check()
+
+    def not_ready(self) -> str | None:
+        """Why this process should not count as ready (for a readiness probe), or None: the lease is lost or
+        no longer safely valid."""
+        if self._closed:
+            return "storage closed"
+        if self._lease is not None and not self._lease.valid():
+            return "storage lease lost" if self._lease.lost.done() else "storage lease not renewed in time"
+        return None
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StorageClosed(f"storage {self._description} is closed")
+
+    async def meta(self) -> StorageMeta:
+        self._check()
+        return StorageMeta(next_id=self._next_id, last_seq=self._last_seq)
+
+    async def commit(self, batches: Sequence[CommitBatch]) -> None:
+        self._check()
+        if self._writer is None or self._lease is None:
+            raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
+        last = self._last_seq
+        for batch in batches:
+            if batch.seq <= last:
+                raise StorageRequestError(f"commit seq {batch.seq} is not after {last}")
+            last = batch.seq
+        if not batches:
+            return
+        self._lease.check()
+        plan = _plan(batches, self._next_id)
+        if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
+            plan.reserve = (plan.next_id + _ID_BLOCK, plan.last_seq + _SEQ_BLOCK)
+        try:
+            await self._write(self._writer, self._lease, plan)
+        except asyncio.CancelledError:
+            # Outcome uncertain: drop the connection (the server rolls back unless COMMIT already landed) and
+            # resync the cached meta from what is stored.
+            self._writer.terminate()
+            with contextlib.suppress(Exception):
+                await self._reopen_writer()
+            raise
+        except LeaseLost:
+            raise
+        except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
+            raise StorageError(f"storage {self._description}: commit failed: {exc}") from exc
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(
+                f"storage {self._description}: commit failed (outcome unknown): {exc}"
+            ) from exc
+        self._next_id = plan.next_id
+        self._last_seq = plan.last_seq
+        if plan.reserve is not None:
+            self._reserved = plan.reserve
+
+    async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: _Plan) -> None:
+        async with conn.transaction():
+            epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
+            if epoch != lease.epoch:
+                reason = (
+                    f"storage {self._description}: the lease was taken over (epoch {epoch} > {lease.epoch}); "
+                    "this process stops"
+                    if epoch is not None
+                    else f"storage {self._description}: the lease is no longer ours; this process stops"
+                )
+                lease.mark_lost(reason)
+                raise LeaseLost(reason)
+            for sql, rows in plan.statements():
+                if rows:
+                    await conn.executemany(sql, rows)
+            if plan.retire_ids:
+                status = await conn.execute(_RETIRE, plan.retire_seqs, plan.retire_ids)
+                if int(status.split()[-1]) != len(set(plan.retire_ids)):
+                    raise StorageError(f"commit retires an unknown document (ids {plan.retire_ids})")
+                await conn.execute(_RECLAIM_RETIRED, plan.retire_ids)
+            if plan.reserve is not None:
+                await conn.execute(_UPDATE_META, _PARTITION, *plan.reserve)
+
+    async def _reopen_writer(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._pool.release(self._writer)
+        self._writer = await self._pool.acquire()
+        meta = await _read_meta(self._writer)
+        self._next_id, self._last_seq = meta.next_id, meta.last_seq
+        self._reserved = (self._next_id, self._last_seq)
+
+    # --- reads --------------------------------------------------------------------------------------------
+
+    async def _fetch(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
+        self._check()
+        try:
+            async with self._pool.acquire() as conn:
+                return list(await conn.fetch(sql, *params))
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"storage {self._description}: {action} failed: {exc}") from exc
+
+    def _parse(self, model: type[M], raw: bytes, what: str) -> M:
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            raise StorageCorrupt(f"storage {self._description} holds an unreadable {what}: {exc}") from exc
+
+    async def _one(self, model: type[M], table: str, record_id: int) -> M | None:
+        rows = await self._fetch(f"SELECT record FROM {table} WHERE id = $1", (record_id,), f"read {table}")
+        return None if not rows else self._parse(model, rows[0][0], f"{table} row {record_id}")
+
+    async def _scan(
+        self,
+        model: type[R],
+        table: str,
+        scan: str,
+        filters: list[tuple[str, Any]],
+        order: Order,
+        limit: int,
+        cursor: dict[str, Any] | None,
+    ) -> Page[R]:
+        order, after = check_cursor(cursor, order, scan)
+        params: list[Any] = []
+        clauses: list[str] = []
+        for clause, value in filters:
+            params.append(value)
+            clauses.append(clause.replace("?", f"${len(params)}"))
+        if after is not None:
+            params.append(after)
+            clauses.append(f"id > ${len(params)}" if order == "asc" else f"id < ${len(params)}")
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        direction = "ASC" if order == "asc" else "DESC"
+        limit = max(limit, 0)
+        params.append(limit + 1)  # one extra row says whether there is a next page
+        sql = f"SELECT record FROM {table}{where} ORDER BY id {direction} LIMIT ${len(params)}"
+        rows = await self._fetch(sql, params, f"scan {table}")
+        items = [self._parse(model, row[0], f"{table} row") for row in rows[:limit]]
+        more = len(rows) > limit
+        return Page(items=items, cursor=make_cursor(scan, order, items[-1].id) if more and items else None)
+
+    async def conversation(self, conversation_id: int) -> Conversation | None:
+        return await self._one(Conversation, "conversations", conversation_id)
+
+    async def scan_conversations(
+        self,
+        *,
+        owner_task_id: int | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Conversation]:
+        filters = [] if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
+        return await self._scan(Conversation, "conversations", "conversations", filters, order, limit, cursor)
+
+    async def entry(self, entry_id: int) -> Entry | None:
+        return await self._one(Entry, "entries", entry_id)
+
+    async def scan_entries(
+        self,
+        conversation_id: int,
+        *,
+        min_id: int | None = None,
+        max_id: int | None = None,
+        order: Order = "desc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Entry]:
+        filters: list[tuple[str, Any]] = [("conversation_id = ?", conversation_id)]
+        if min_id is not None:
+            filters.append(("id >= ?", min_id))
+        if max_id is not None:
+            filters.append(("id <= ?", max_id))
+        return await self._scan(Entry, "entries", f"entries:{conversation_id}", filters, order, limit, cursor)
+
+    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
+        rows = await self._fetch(
+            "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
+            "ORDER BY id DESC LIMIT 1",
+            (conversation_id, _MAX_SEQ if at_or_before is None else at_or_before),
+            "read head marker",
+        )
+        return None if not rows else self._parse(Entry, rows[0][0], "entries row")
+
+    async def task(self, task_id: int) -> Task | None:
+        return await self._one(Task, "tasks", task_id)
+
+    async def scan_tasks(
+        self,
+        *,
+        live: bool | None = None,
+        conversation_id: int | None = None,
+        kind: str | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Task]:
+        filters: list[tuple[str, Any]] = []
+        if live is not None:
+            filters.append(("live = ?", live))
+        if conversation_id is not None:
+            filters.append(("conversation_id = ?", conversation_id))
+        if kind is not None:
+            filters.append(("kind = ?", kind))
+        return await self._scan(Task, "tasks", "tasks", filters, order, limit, cursor)
+
+    async def submission(self, submission_id: int) -> Submission | None:
+        return await self._one(Submission, "submissions", submission_id)
+
+    async def submission_by_request(self, conversation_id: int, request_id: str) -> Submission | None:
+        rows = await self._fetch(
+            "SELECT record FROM submissions WHERE conversation_id = $1 AND request_id = $2",
+            (conversation_id, request_id),
+            "read submission",
+        )
+        return None if not rows else self._parse(Submission, rows[0][0], "submissions row")
+
+    async def scan_submissions(
+        self,
+        *,
+        conversation_id: int | None = None,
+        status: SubmissionStatus | None = None,
+        order: Order = "asc",
+        limit: int = 100,
+        cursor: dict[str, Any] | None = None,
+    ) -> Page[Submission]:
+        filters: list[tuple[str, Any]] = []
+        if conversation_id is not None:
+            filters.append(("conversation_id = ?", conversation_id))
+        if status is not None:
+            filters.append(("status = ?", status))
+        return await self._scan(Submission, "submissions", "submissions", filters, order, limit, cursor)
+
+    # --- documents ----------------------------------------------------------------------------------------
+
+    def _doc_record(self, raw: bytes, retired_seq: int | None) -> DocumentRecord:
+        # The retired_seq column is authoritative: retiring updates one column instead of the JSON.
+        record = self._parse(DocumentRecord, raw, "document record")
+        record.retired_seq = retired_seq
+        return record
+
+    async def find_document(
+        self,
+        kind: str,
+        scope: DocScope,
+        scope_id: int | None,
+        key: str | None = None,
+        *,
+        at_seq: int | None = None,
+    ) -> DocumentRecord | None:
+        # `= $n` or `IS NULL`, not IS NOT DISTINCT FROM: only the former can use the address index.
+        params: list[Any] = [kind, scope]
+        sql = "SELECT retired_seq, record FROM doc_records WHERE kind = $1 AND scope = $2"
+        for column, value in (("scope_id", scope_id), ("key", key)):
+            if value is None:
+                sql += f" AND {column} IS NULL"
+            else:
+                params.append(value)
+                sql += f" AND {column} = ${len(params)}"
+        if at_seq is None:
+            sql += " AND retired_seq IS NULL"
+        else:
+            params.append(at_seq)
+            n = len(params)
+            sql += f" AND created_seq <= ${n} AND (retired_seq IS NULL OR retired_seq > ${n})"
+        rows = await self._fetch(sql + " ORDER BY id DESC LIMIT 1", params, "find document")
+        return None if not rows else self._doc_record(rows[0][1], rows[0][0])
+
+    async def document(self, doc_id: int, *, at_seq: int | None = None) -> DocumentValue | None:
+        self._check()
+        try:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                row = await conn.fetchrow(
+                    "SELECT rewindable, created_seq, retired_seq, record, kind FROM doc_records WHERE id = $1",
+                    doc_id,
+                )
+                content_rows: list[Any] = []
+                if row is not None:
+                    rewindable, created, retired = row[0], row[1], row[2]
+                    if at_seq is None:
+                        wanted = retired is None
+                    else:
+                        wanted = rewindable and created <= at_seq and (retired is None or at_seq < retired)
+                    if wanted:
+                        upto = _MAX_SEQ if at_seq is None else at_seq
+                        found = await conn.fetchrow(_NEWEST_BASE, doc_id, upto)
+                        seq, part = (found[0], found[1]) if found is not None else (0, 0)
+                        content_rows = list(await conn.fetch(_CONTENTS_FROM, doc_id, seq, part, upto))
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"storage {self._description}: read document failed: {exc}") from exc
+        if row is None:
+            return None
+        rewindable, _, retired, raw, kind = row
+        if at_seq is not None and not rewindable:
+            raise StorageRequestError(f"document {doc_id} ({kind}) keeps no history; read it without at_seq")
+        record = self._doc_record(raw, retired)
+        if (retired is not None) if at_seq is None else not record.alive_at(at_seq):
+            return None
+        contents = [self._parse(DocumentContent, r[0], f"content of document {doc_id}") for r in content_rows]
+        return materialize(record, contents, at_seq)
+
+    async def document_contents(self, doc_id: int) -> list[DocumentContent]:
+        rows = await self._fetch(
+            "SELECT content FROM doc_contents WHERE doc_id = $1 ORDER BY seq, part",
+            (doc_id,),
+            "read document contents",
+        )
+        return [self._parse(DocumentContent, r[0], f"content of document {doc_id}") for r in rows]
+
+    async def scan_documents(
+        self,
+        *,
+        scope: DocScope,
+        scope_id: int | None = None,
+        kind: str | None = None,
+        alive_only: bool = True,
+    ) -> list[DocumentRecord]:
+        params: list[Any] = [scope]
+        sql = "SELECT retired_seq, record FROM doc_records WHERE scope = $1"
+        if scope_id is None:
+            sql += " AND scope_id IS NULL"
+        else:
+            params.append(scope_id)
+            sql += f" AND scope_id = ${len(params)}"
+        if kind is not None:
+            params.append(kind)
+            sql += f" AND kind = ${len(params)}"
+        if alive_only:
+            sql += " AND retired_seq IS NULL"
+        rows = await self._fetch(sql + " ORDER BY id", params, "scan documents")
+        return [self._doc_record(raw, retired) for retired, raw in rows]
+
+    async def close(self) -> None:
+        """Write the exact meta (fenced), release the lease at once, close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._writer is not None and self._lease is not None and self._lease.valid():
+                with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
+                    # Exact values instead of the reservation; harmless if it fails (the reservation stays).
+                    async with self._writer.transaction():
+                        epoch = await self._writer.fetchval(FENCE, self._lease.partition, self._lease.holder)
+                        if epoch == self._lease.epoch:
+                            await self._writer.execute(
+                                "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
+                                _PARTITION,
+                                self._next_id,
+                                self._last_seq,
+                            )
+            if self._lease is not None:
+                await self._lease.release()
+            if self._writer is not None:
+                with contextlib.suppress(Exception):
+                    await self._pool.release(self._writer)
+        finally:
+            await _close_pool(self._pool)
+
+
+async def _read_meta(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> StorageMeta:
+    row = await conn.fetchrow(_READ_META, _PARTITION)
+    if row is None:
+        raise StorageCorrupt("storage meta row is missing")
+    return StorageMeta(next_id=int(row[0]), last_seq=int(row[1]))
+
+
+async def _take_lease(
+    pool: asyncpg.Pool,
+    conn: asyncpg.pool.PoolConnectionProxy,
+    description: str,
+    ttl: float,
+    on_standby: Callable[[LeaseHolder], None] | None,
+) -> Lease:
+    holder = new_holder_id()
+    margin = min(2.0, ttl / 5)
+    released = asyncio.Event()
+    listening = False
+
+    def wake(*_: object) -> None:
+        released.set()
+
+    try:
+        while True:
+            released.clear()
+            got = await try_take(conn, _PARTITION, holder, ttl)
+            if not isinstance(got, LeaseHolder):
+                epoch, sent = got
+                return Lease(pool, description, _PARTITION, holder, epoch, sent, ttl, margin)
+            if on_standby is None:
+                raise lease_error(description, got)
+            if not listening:
+                # A graceful release wakes us at once; polling covers an expiry (and a lost notification).
+                await conn.add_listener(RELEASED_CHANNEL, wake)
+                listening = True
+                on_standby(got)
+                continue  # released between the first try and LISTEN: try again before waiting
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(released.wait(), min(0.5, ttl / 4))
+    finally:
+        if listening:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                await conn.remove_listener(RELEASED_CHANNEL, wake)
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), timeout=5)
+    except (TimeoutError, *_DRIVER_ERRORS):
+        pool.terminate()

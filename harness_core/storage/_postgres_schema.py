@@ -1,0 +1,150 @@
+"""The PostgreSQL schema as ordered, versioned migrations (table `schema_version` holds the applied version).
+
+Append new steps at the end and never edit a released one. Each step runs in its own transaction under an
+advisory lock, so two processes opening a fresh database at once migrate it once. A database whose version is
+newer than this build knows is refused.
+
+Records are stored whole as the UTF-8 bytes of their JSON (`bytea`), not `jsonb`: measured on this harness's
+records (`python -m benchmarks postgres`, benchmarks/RESULTS.md) bytea inserts faster and takes less room, and jsonb would
+refuse strings holding U+0000 (valid strict JSON) and reorder object keys, so a reopened context would not be
+byte-identical to the one the model saw. The other columns exist only to be indexed.
+
+Every row carries its `partition` (§9 of the design): one partition (0) for now; the many-workers change
+spreads lineages over more without a new layout.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from harness_core.errors import StorageError
+
+# Advisory lock key for migrations (any constant; "dbots" in ASCII).
+MIGRATION_LOCK = 0x64626F7473
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            # Ids and seqs are minted by the partition's lease holder from here, reserved in blocks: a new
+            # holder starts above the reservation, so nothing stored is ever minted twice.
+            """CREATE TABLE meta (
+                partition INTEGER PRIMARY KEY,
+                next_id BIGINT NOT NULL,
+                last_seq BIGINT NOT NULL
+            )""",
+            "INSERT INTO meta (partition, next_id, last_seq) VALUES (0, 1, 0)",
+            # One owner per partition. `epoch` grows on every takeover; each commit checks it in its own
+            # transaction (fencing). `holder` is NULL after a graceful release.
+            """CREATE TABLE leases (
+                partition INTEGER PRIMARY KEY,
+                holder TEXT,
+                pid INTEGER,
+                host TEXT,
+                epoch BIGINT NOT NULL,
+                acquired_at TIMESTAMPTZ NOT NULL,
+                expires_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE conversations (
+                id BIGINT PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                owner_task_id BIGINT,
+                record BYTEA NOT NULL
+            )""",
+            """CREATE TABLE entries (
+                id BIGINT PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                conversation_id BIGINT NOT NULL,
+                head BIGINT,
+                record BYTEA NOT NULL
+            )""",
+            """CREATE TABLE tasks (
+                id BIGINT PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                conversation_id BIGINT NOT NULL,
+                kind TEXT NOT NULL,
+                live BOOLEAN NOT NULL,
+                record BYTEA NOT NULL
+            )""",
+            """CREATE TABLE submissions (
+                id BIGINT PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                conversation_id BIGINT NOT NULL,
+                request_id TEXT,
+                status TEXT NOT NULL,
+                record BYTEA NOT NULL,
+                UNIQUE (conversation_id, request_id)
+            )""",
+            """CREATE TABLE doc_records (
+                id BIGINT PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                scope TEXT NOT NULL,
+                scope_id BIGINT,
+                key TEXT,
+                rewindable BOOLEAN NOT NULL,
+                created_seq BIGINT NOT NULL,
+                retired_seq BIGINT,
+                record BYTEA NOT NULL
+            )""",
+            # `part` orders several revisions of one document written by the same commit.
+            """CREATE TABLE doc_contents (
+                doc_id BIGINT NOT NULL REFERENCES doc_records (id),
+                seq BIGINT NOT NULL,
+                part INTEGER NOT NULL,
+                is_base BOOLEAN NOT NULL,
+                content BYTEA NOT NULL,
+                PRIMARY KEY (doc_id, seq, part)
+            )""",
+            "CREATE INDEX conversations_by_owner ON conversations (owner_task_id, id)",
+            "CREATE INDEX entries_by_conversation ON entries (conversation_id, id)",
+            "CREATE INDEX entries_heads ON entries (conversation_id, id) WHERE head IS NOT NULL",
+            "CREATE INDEX tasks_by_live ON tasks (live, id)",
+            "CREATE INDEX tasks_by_conversation ON tasks (conversation_id, id)",
+            "CREATE INDEX tasks_by_kind ON tasks (kind, id)",
+            "CREATE INDEX submissions_by_conversation ON submissions (conversation_id, id)",
+            "CREATE INDEX submissions_by_status ON submissions (status, id)",
+            "CREATE INDEX doc_records_by_address ON doc_records (kind, scope, scope_id, key, id)",
+            "CREATE INDEX doc_records_by_scope ON doc_records (scope, scope_id, id)",
+            "CREATE INDEX doc_contents_bases ON doc_contents (doc_id, seq, part) WHERE is_base",
+        ),
+    ),
+)
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+async def stored_version(conn: asyncpg.Connection) -> int | None:
+    """The applied version, or None for a database this harness never touched."""
+    exists = await conn.fetchval("SELECT to_regclass('schema_version') IS NOT NULL")
+    if not exists:
+        return None
+    version = await conn.fetchval("SELECT version FROM schema_version")
+    return None if version is None else int(version)
+
+
+async def migrate(conn: asyncpg.Connection, description: str, *, upto: int = SCHEMA_VERSION) -> int:
+    """Apply every step newer than the stored version, up to `upto`; return the version before migrating."""
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version (one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), "
+            "version INTEGER NOT NULL)"
+        )
+        await conn.execute("INSERT INTO schema_version (version) VALUES (0) ON CONFLICT DO NOTHING")
+        current = int(await conn.fetchval("SELECT version FROM schema_version"))
+        if current > SCHEMA_VERSION:
+            raise StorageError(
+                f"storage {description} has schema version {current}, newer than this build knows "
+                f"({SCHEMA_VERSION}); upgrade durable-bots"
+            )
+        for version, statements in MIGRATIONS:
+            if version <= current or version > upto:
+                continue
+            async with conn.transaction():
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute("UPDATE schema_version SET version = $1", version)
+        return current
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
