@@ -56,6 +56,9 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
         answer = await s.slack.wait_for_message(s.channel, contains=LAST_LINE, timeout=30)
         text = await run("inspect")
         assert f"storage: {pg_url} (a snapshot read beside the running bot" in text, text
+        doctor = await cli(s.config, "doctor", env=s.env)
+        printed.append(doctor.stdout + doctor.stderr)
+        assert f"ok   storage: {pg_url} opens read-only (has conversations)" in doctor.stdout, doctor.stdout
         report = json.loads(await run("inspect", "--json"))
         assert report["snapshot_beside_running_bot"] is True and report["storage"] == pg_url
         (conversation,) = [c for c in report["conversations"] if c["place"]]
