@@ -5,11 +5,14 @@ a leader whose lease is gone leaves them for its successor."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-from harness_core.errors import LeaseLost
+from harness_core.errors import LeaseLost, StorageError
 from harness_core.storage import OperatorRequests, PostgresStorage
 from harness_core.storage._postgres_schema import migrate
 
@@ -100,3 +103,33 @@ async def test_a_store_at_schema_version_one_gains_the_request_table_when_the_bo
         assert [r.id for r in await leader.pending_operator_requests()] == [request_id]
     finally:
         await leader.close()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.text(max_size=10), args=st.dictionaries(st.text(max_size=6), JSON, max_size=4), outcome=JSON)
+@example(kind="retry\x00", args={"task": 2**70, "\x00": "\ud800"}, outcome="\x00")
+async def test_any_request_round_trips_through_the_table(
+    pg_url: str, kind: str, args: dict[str, Any], outcome: Any
+) -> None:
+    # What an operator command passes in is outside input: every JSON value (U+0000, lone surrogates, integers
+    # past bigint) comes back as it went in. A kind holding U+0000 is refused by PostgreSQL text: no request.
+    reader = await PostgresStorage.open_read_only(pg_url)
+    try:
+        if "\x00" in kind:
+            with pytest.raises(StorageError, match="queue an operator request failed"):
+                await reader.put_operator_request(kind, args)
+            return
+        request_id = await reader.put_operator_request(kind, args)
+        assert await reader.finish_operator_request(request_id, "failed", {"message": "x", "value": outcome})
+        found = await reader.operator_request(request_id)
+        assert found is not None and (found.kind, found.args) == (kind, args)
+        assert found.outcome == {"message": "x", "value": outcome}
+    finally:
+        await reader.close()
