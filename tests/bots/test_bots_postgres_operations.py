@@ -11,6 +11,7 @@ import pytest
 from bots_cli_support import BotProcess, bot_env, cli, toml_value, write_config
 from slack_ops_support import LAST_LINE, slack_bot
 
+from bots.cli import main
 from harness_core.storage import PostgresStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -139,3 +140,15 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot_on_postgres(
         assert await bot.terminate() == 0
     finally:
         await bot.kill()
+
+
+def test_backup_of_a_postgresql_store_points_to_pg_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "bot.toml"
+    config.write_text('[approvals]\napprovers = ["lead"]\n')
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://bot:{PASSWORD}@db.internal/ops")
+    assert main(["backup", "--config", str(config), str(tmp_path / "copy.sqlite")]) == 1
+    err = capsys.readouterr().err
+    assert "the storage is PostgreSQL (postgresql://***@db.internal/ops): back it up with pg_dump" in err, err
+    assert PASSWORD not in err and not (tmp_path / "copy.sqlite").exists()
