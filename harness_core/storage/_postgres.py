@@ -7,7 +7,8 @@ connection pool, so a long scan never queues ahead of a commit.
 
 `PostgresStorage.open(dsn)` takes the lease (or raises `StorageLocked`, or waits as a standby when
 `on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses commits: for operator commands
-while the bot runs.
+while the bot runs. Both handles implement `OperatorRequests` (`_postgres_requests`), so such a command can
+hand a change to the running leader.
 """
 
 from __future__ import annotations
