@@ -4,7 +4,8 @@ SQLite's online backup API copies the database in one step inside one read trans
 database as of one commit, while the bot (a WAL writer) keeps committing. The copy is written to
 `FILE.part` created 0600 (it holds every conversation), switched from WAL to a rollback journal so it is one
 self-contained file, checked (`PRAGMA quick_check`), synced and then renamed to FILE: a failed backup never
-leaves a half file under the name.
+leaves a half file under the name. A PostgreSQL store is backed up with the server's own tools (`pg_dump`);
+`backup` says so instead of looking for a file.
 """
 
 from __future__ import annotations
@@ -12,9 +13,27 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 
+from bots.config import BotConfig, ConfigError
 from bots.runtime import BotError
+from harness_core.storage import redact_url
+
+
+def sqlite_source(config: BotConfig, env: Mapping[str, str]) -> Path:
+    """The SQLite file to back up; BotError when the storage is PostgreSQL (named without its password)."""
+    try:
+        target = config.storage_target(env)
+    except ConfigError as exc:
+        raise BotError(str(exc)) from None
+    if target.kind == "postgres":
+        assert target.url is not None
+        raise BotError(
+            f"the storage is PostgreSQL ({redact_url(target.url)}): back it up with pg_dump or the provider's "
+            "backups; `backup` copies a SQLite file"
+        )
+    return target.path or config.storage_path
 
 
 def backup_storage(source: Path, target: Path) -> int:

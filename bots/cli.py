@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adapters.redact import redact_text
-from bots.backup import backup_storage
+from bots.backup import backup_storage, sqlite_source
 from bots.config import BotConfig, ConfigError, load_config
 from bots.doctor import doctor_command
 from bots.logs import setup_logging
@@ -212,8 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
     try:
         if args.command == "backup":
-            size = backup_storage(config.storage_path, args.file)
-            print(f"backed up {config.storage_path} to {args.file} ({size} bytes, mode 0600)")
+            source = sqlite_source(config, dict(os.environ))
+            size = backup_storage(source, args.file)
+            print(f"backed up {source} to {args.file} ({size} bytes, mode 0600)")
             return EXIT_OK
         if args.command == "export" and args.out is not None:
             return _export_to_file(args, config)

@@ -1,11 +1,11 @@
 """`durable-bots doctor`: check everything the bot needs before (or while) it runs, one line per check.
 
-Checks: the config (and the tool modules it names), the storage (opened read-only: works beside a running
-bot), Slack (`auth.test` with the bot token and the bot scopes it reports; `apps.connections.open` with the
-app token in Socket Mode), Discord (`GET /gateway/bot` with the bot token; the MESSAGE CONTENT intent in the
-application's flags), the model (a one-token request), the deploy webhook (a GET: does anything answer? It
-never POSTs, so nothing is deployed). A failed check says how to fix it; the exit code is 1 if any failed.
-Tokens are never printed; URLs are shown without credentials, path or query.
+Checks: the config (and the tool modules it names), the storage (opened read-only, SQLite or PostgreSQL:
+works beside a running bot), Slack (`auth.test` with the bot token and the bot scopes it reports;
+`apps.connections.open` with the app token in Socket Mode), Discord (`GET /gateway/bot` with the bot token; the
+MESSAGE CONTENT intent in the application's flags), the model (a one-token request), the deploy webhook (a GET:
+does anything answer? It never POSTs, so nothing is deployed). A failed check says how to fix it; the exit code
+is 1 if any failed. Tokens are never printed; URLs are shown without credentials, path or query.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bots.config import BotConfig
-from bots.runtime import EXIT_ERROR, EXIT_OK, build_models, check_tools
+from bots.config import BotConfig, ConfigError
+from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, build_models, check_tools, open_storage
 from harness_core.messages import UserMessage
 from harness_core.models import ModelRequest
 from harness_core.storage import SqliteStorage
@@ -73,7 +73,7 @@ async def doctor_command(
             checks.append(Check("config", False, str(problem), "edit the file at that line"))
     else:
         checks.append(Check("config", True, f"{config.source} is valid"))
-    checks.extend(await _guarded("storage", check_storage(config)))
+    checks.extend(await _guarded("storage", check_storage(config, env)))
     async with httpx.AsyncClient(timeout=TIMEOUT, transport=transport) as http:
         if "slack" in config.adapters and config.adapter_enabled("slack"):
             checks.extend(await _guarded("slack", check_slack(config, env, http)))
@@ -101,8 +101,14 @@ async def _guarded(name: str, check: Awaitable[Check | list[Check]]) -> list[Che
     return found if isinstance(found, list) else [found]
 
 
-async def check_storage(config: BotConfig) -> Check:
-    path = config.storage_path
+async def check_storage(config: BotConfig, env: Mapping[str, str]) -> Check:
+    try:
+        target = config.storage_target(env)
+    except ConfigError as exc:
+        return Check("storage", False, str(exc), "fix DATABASE_URL (or name the storage in the config)")
+    if target.kind == "postgres":
+        return await _check_postgres(config, env)
+    path = target.path or config.storage_path
     if not path.exists():
         return Check("storage", True, f"{path} does not exist yet; the bot creates it at its first start")
     try:
@@ -114,6 +120,25 @@ async def check_storage(config: BotConfig) -> Check:
     try:
         page = await storage.scan_conversations(limit=1)
         detail = f"{path} opens read-only ({'has' if page.items else 'no'} conversations)"
+    finally:
+        await storage.close()
+    return Check("storage", True, detail)
+
+
+async def _check_postgres(config: BotConfig, env: Mapping[str, str]) -> Check:
+    """Read-only, like the operator commands: no lease, so it works beside a running leader."""
+    try:
+        storage = await open_storage(config, env, read_only=True)
+    except BotError as exc:  # its message names the store without the password
+        return Check(
+            "storage",
+            False,
+            str(exc),
+            "check the server, the credentials and that the bot ran once against it",
+        )
+    try:
+        page = await storage.scan_conversations(limit=1)
+        detail = f"{storage.description} opens read-only ({'has' if page.items else 'no'} conversations)"
     finally:
         await storage.close()
     return Check("storage", True, detail)

@@ -1,10 +1,11 @@
 """Operator commands over the bot's storage: inspect, tasks, retry, approvals, export, check-config.
 
-Each opens the storage like the bot does (same registry, same owner lock) without starting to schedule, so
-what it shows is what the bot would resume. While the bot runs (the owner lock is taken), the reading
-commands (inspect, tasks, approvals, export) open a read-only snapshot instead: no lock, no write, tasks shown
-as the running bot stored them. Commands that change something go through the running bot
-(`bots.operator_requests`).
+Each opens the storage like the bot does (same registry, same owner lock or PostgreSQL lease) without starting
+to schedule, so what it shows is what the bot would resume. While the bot runs (the lock or lease is held),
+the reading commands (inspect, tasks, approvals, export) open the storage read-only instead: no lock, no
+lease, no write, tasks shown as the running bot stored them. Commands that change something go through the
+running bot (`bots.operator_requests`), on either backend. The store is named by its `description` (a
+PostgreSQL URL without its password).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
 from adapters.redact import redact_url
 from bots.admin import is_loopback
-from bots.config import BotConfig, Problem
+from bots.config import BotConfig, ConfigError, Problem
 from bots.operator_requests import ask_running_bot, decide, tool_call_of
 from bots.ops import place_label
 from bots.runtime import (
@@ -34,10 +35,12 @@ from bots.runtime import (
     env_problem,
     known_tools,
     open_runtime,
+    open_storage,
 )
 from harness_core import NotFound, Task
 from harness_core.records import Entry
-from harness_core.storage import OperatorRequest, OperatorRequests, SqliteStorage
+from harness_core.storage import OperatorRequest, OperatorRequests
+from harness_core.storage import redact_url as redact_storage_url
 
 LOCK_HINT = "operator commands need the storage to themselves: stop the bot, run the command, start it again"
 REQUEST_TIMEOUT = 10.0  # how long a command waits for the running bot to pick its request up
@@ -66,10 +69,11 @@ def _snapshot(runtime: Runtime) -> bool:
     return bool(getattr(runtime.storage, "read_only", False))
 
 
-def _source_line(config: BotConfig, runtime: Runtime) -> str:
+def _source_line(runtime: Runtime) -> str:
+    # The storage's own description: the SQLite path, or the PostgreSQL URL without its password.
     if _snapshot(runtime):
-        return f"storage: {config.storage_path} (a snapshot read beside the running bot; nothing was written)"
-    return f"storage: {config.storage_path} (read by the operator; nothing was scheduled)"
+        return f"storage: {runtime.storage.description} (a snapshot read beside the running bot; nothing was written)"
+    return f"storage: {runtime.storage.description} (read by the operator; nothing was scheduled)"
 
 
 # --- gathering -------------------------------------------------------------------------------------------
@@ -217,7 +221,7 @@ async def inspect_command(
     config: BotConfig, env: Mapping[str, str], out: TextIO, *, as_json: bool, only_tasks: bool = False
 ) -> int:
     runtime = await _operator_runtime(config, env, reading=True)
-    source = _source_line(config, runtime)
+    source = _source_line(runtime)
     try:
         scheduling, tasks, submissions = await gather_tasks(runtime)
         if only_tasks:
@@ -232,7 +236,7 @@ async def inspect_command(
     finally:
         await runtime.close()
     report = {
-        "storage": str(config.storage_path),
+        "storage": runtime.storage.description,
         "snapshot_beside_running_bot": _snapshot(runtime),
         "scheduling": "running (by the bot)" if _snapshot(runtime) else scheduling,
         "conversations": conversations,
@@ -318,9 +322,12 @@ async def _owner(config: BotConfig, env: Mapping[str, str]) -> Runtime | None:
         return None
 
 
-async def _through_bot(config: BotConfig, kind: str, args: dict[str, Any]) -> OperatorRequest:
-    """Hand a request to the running bot and return its outcome (BotError when it does not answer)."""
-    storage = await SqliteStorage.open_read_only(config.storage_path)
+async def _through_bot(
+    config: BotConfig, env: Mapping[str, str], kind: str, args: dict[str, Any]
+) -> OperatorRequest:
+    """Hand a request to the running bot and return its outcome (BotError when it does not answer). The
+    request goes through a read-only handle (SQLite file or PostgreSQL, no lock or lease), like the reads."""
+    storage = await open_storage(config, env, read_only=True)
     try:
         if not isinstance(storage, OperatorRequests):
             raise BotError("this storage cannot pass requests to a running bot; stop the bot first")
@@ -350,10 +357,10 @@ async def retry_command(
     in the running bot (then this waits for the task's outcome by reading the storage)."""
     runtime = await _owner(config, env)
     if runtime is None:
-        found = await _through_bot(config, "retry", {"task": task_id})
+        found = await _through_bot(config, env, "retry", {"task": task_id})
         _request_result(out, found)
         label = str((found.outcome or {}).get("label") or "task")
-        return await _await_task_in_bot(config, out, task_id, label, timeout)
+        return await _await_task_in_bot(config, env, out, task_id, label, timeout)
     harness = runtime.harness
     try:
         task = await harness.get_task(task_id)
@@ -406,12 +413,15 @@ async def _say_ended(
     return EXIT_OK if status == "completed" else EXIT_ERROR
 
 
-async def _await_task_in_bot(config: BotConfig, out: TextIO, task_id: int, label: str, timeout: float) -> int:
-    """Follow a task the running bot carries out, through read-only snapshots, until it ends or `timeout`."""
+async def _await_task_in_bot(
+    config: BotConfig, env: Mapping[str, str], out: TextIO, task_id: int, label: str, timeout: float
+) -> int:
+    """Follow a task the running bot carries out, through read-only handles, until it ends or `timeout`.
+    (A SQLite handle reads one snapshot, so each look opens a fresh one.)"""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        storage = await SqliteStorage.open_read_only(config.storage_path)
+        storage = await open_storage(config, env, read_only=True)
         try:
             task = await storage.task(task_id)
             if task is not None and not task.live:
@@ -428,7 +438,7 @@ async def cancel_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     """Abort a live task: in the running bot, or marked here for the bot's next start."""
     runtime = await _owner(config, env)
     if runtime is None:
-        return _request_result(out, await _through_bot(config, "cancel", {"task": task_id}))
+        return _request_result(out, await _through_bot(config, env, "cancel", {"task": task_id}))
     try:
         try:
             marked = await runtime.harness.abort_task(task_id)
@@ -449,7 +459,7 @@ async def decide_command(
     runtime = await _owner(config, env)
     if runtime is None:
         args = {"gate": gate_id, "approve": approve, "name": name}
-        return _request_result(out, await _through_bot(config, "decide", args))
+        return _request_result(out, await _through_bot(config, env, "decide", args))
     try:
         status, outcome = await decide(runtime.bridge, gate_id, approve, name)
     finally:
@@ -508,11 +518,26 @@ async def export_command(
     return EXIT_OK, written
 
 
+def _storage_named(config: BotConfig, env: Mapping[str, str]) -> str:
+    """The configured store as check-config names it: never a PostgreSQL password."""
+    target = config.storage_target(env)
+    if target.kind == "postgres":
+        assert target.url is not None
+        via = " (from DATABASE_URL)" if target.source == "DATABASE_URL" else ""
+        return f"PostgreSQL {redact_storage_url(target.url)}{via} (lease ttl {config.storage.lease_ttl:g} s)"
+    return f"{target.path or config.storage_path} (durability {config.storage.durability})"
+
+
 def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     problems = check_tools(config)
     if problems:
         for problem in problems:
             print(problem, file=err)
+        return EXIT_ERROR
+    try:
+        storage = _storage_named(config, env)
+    except ConfigError as exc:  # a DATABASE_URL that names no storage (the message never echoes it)
+        print(exc, file=err)
         return EXIT_ERROR
     known, _ = known_tools(config)
     tools = enabled_tools(config, known)
@@ -549,7 +574,7 @@ def check_config_command(config: BotConfig, env: Mapping[str, str], out: TextIO,
     model_note = " (offline demo script)" if ref.provider == "faux" else ""
     _say(out, f"{config.source}: OK")
     _say(out, f"  bot: {config.bot.name}, model {config.bot.model}{model_note}")
-    _say(out, f"  storage: {config.storage_path} (durability {config.storage.durability})")
+    _say(out, f"  storage: {storage}")
     answer = config.answer
     _say(
         out,

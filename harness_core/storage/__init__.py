@@ -6,7 +6,7 @@
 - `PostgresStorage`: asyncpg; shared by processes on several machines, one lease holder writes, standbys wait.
 
 Optional capability: `OperatorRequests` (a durable channel from operator commands to the running owner);
-`SqliteStorage` implements it.
+`SqliteStorage` and `PostgresStorage` implement it.
 """
 
 from harness_core.storage._copy import CopyReport, copy_sqlite_to_postgres

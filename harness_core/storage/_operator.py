@@ -8,8 +8,10 @@ reads (`operator_request`). A request the owner has not picked up can be withdra
 (`withdraw_operator_request`), so a command that gave up waiting leaves nothing to happen later.
 
 It is an optional capability: a backend that offers it implements `OperatorRequests` (check with
-`isinstance(storage, OperatorRequests)`); `SqliteStorage` does, both on its owner handle and on a handle from
-`open_read_only()` (which then writes only to the request table, never to the harness's records).
+`isinstance(storage, OperatorRequests)`); `SqliteStorage` and `PostgresStorage` do, both on the owner's handle
+and on a handle from `open_read_only()` (which then writes only to the request table, never to the harness's
+records; on PostgreSQL without the lease). A PostgreSQL leader whose lease is no longer safely valid takes
+no request and finishes none (`LeaseLost`): they stay pending for its successor.
 
 Contract for a backend:
 - `put_operator_request` is durable when it returns and needs no owner lock; ids increase;

@@ -7,7 +7,8 @@ connection pool, so a long scan never queues ahead of a commit.
 
 `PostgresStorage.open(dsn)` takes the lease (or raises `StorageLocked`, or waits as a standby when
 `on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses commits: for operator commands
-while the bot runs.
+while the bot runs. Both handles implement `OperatorRequests` (`_postgres_requests`), so such a command can
+hand a change to the running leader.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -37,6 +38,7 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._common import check_cursor, make_cursor, materialize
+from harness_core.storage._operator import OperatorRequest
 from harness_core.storage._postgres_lease import (
     FENCE,
     RELEASED_CHANNEL,
@@ -46,11 +48,14 @@ from harness_core.storage._postgres_lease import (
     new_holder_id,
     try_take,
 )
+from harness_core.storage._postgres_requests import GET as GET_REQUEST
+from harness_core.storage._postgres_requests import PENDING, PUT, SETTLE, changed, request_of, to_text
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", Conversation, Entry, Task, Submission)
+T = TypeVar("T")
 
 log = logging.getLogger("harness_core.storage")
 
@@ -641,6 +646,65 @@ class PostgresStorage:
             sql += " AND retired_seq IS NULL"
         rows = await self._fetch(sql + " ORDER BY id", params, "scan documents")
         return [self._doc_record(raw, retired) for retired, raw in rows]
+
+    # --- operator requests (harness_core.storage.OperatorRequests; see _postgres_requests) ---------------
+
+    async def _request_call(
+        self, action: str, call: Callable[[asyncpg.pool.PoolConnectionProxy], Awaitable[T]]
+    ) -> T:
+        """One autocommit statement on a pooled connection: no lease, no fence (read-only handles too)."""
+        self._check()
+        try:
+            async with self._pool.acquire() as conn:
+                return await call(conn)
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"storage {self._description}: {action} failed: {exc}") from exc
+
+    def _lease_gone(self) -> bool:
+        # A leader that may have been replaced takes no requests and finishes none: what it did not answer
+        # stays pending for the successor (every kind is idempotent).
+        return self._lease is not None and not self._lease.valid()
+
+    async def put_operator_request(self, kind: str, args: dict[str, Any]) -> int:
+        text = to_text(args)
+        found = await self._request_call(
+            "queue an operator request", lambda conn: conn.fetchval(PUT, _PARTITION, kind, text)
+        )
+        return int(found)
+
+    async def operator_request(self, request_id: int) -> OperatorRequest | None:
+        row = await self._request_call(
+            "read an operator request", lambda conn: conn.fetchrow(GET_REQUEST, request_id)
+        )
+        return request_of(row) if row is not None else None
+
+    async def withdraw_operator_request(self, request_id: int) -> bool:
+        status = await self._request_call(
+            "withdraw an operator request", lambda conn: conn.execute(SETTLE, request_id, "withdrawn", None)
+        )
+        return changed(status)
+
+    async def pending_operator_requests(self, limit: int = 20) -> list[OperatorRequest]:
+        if self._lease_gone():
+            return []
+        rows = await self._request_call(
+            "read operator requests", lambda conn: conn.fetch(PENDING, _PARTITION, limit)
+        )
+        return [request_of(row) for row in rows]
+
+    async def finish_operator_request(
+        self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]
+    ) -> bool:
+        if self._lease_gone():
+            raise LeaseLost(
+                f"storage {self._description}: the lease is no longer safely ours; operator request "
+                f"{request_id} stays pending for the next leader"
+            )
+        text = to_text(outcome)
+        found = await self._request_call(
+            "finish an operator request", lambda conn: conn.execute(SETTLE, request_id, status, text)
+        )
+        return changed(found)
 
     async def close(self) -> None:
         """Write the exact meta (fenced), release the lease at once, close the connections."""

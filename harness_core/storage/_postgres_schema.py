@@ -109,6 +109,24 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX doc_contents_bases ON doc_contents (doc_id, seq, part) WHERE is_base",
         ),
     ),
+    (
+        2,
+        (
+            # Operator requests (see `_postgres_requests`): written by operator commands without the lease,
+            # carried out and answered by the partition's leader. Never part of a harness commit.
+            """CREATE TABLE operator_requests (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                partition INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                args TEXT NOT NULL,
+                status TEXT NOT NULL,
+                outcome TEXT,
+                created_at BIGINT NOT NULL,
+                finished_at BIGINT
+            )""",
+            "CREATE INDEX operator_requests_pending ON operator_requests (partition, id) WHERE status = 'pending'",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,15 +86,21 @@ def sample(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 @asynccontextmanager
 async def slack_bot(
-    workdir: Path, *, append: str = "", approvers: str = '["slack:ULEAD"]', **env_extra: str
+    workdir: Path,
+    *,
+    append: str = "",
+    approvers: str = '["slack:ULEAD"]',
+    replace: Mapping[str, str] | None = None,
+    **env_extra: str,
 ) -> AsyncIterator[SlackBot]:
+    """`replace` edits more lines of the shipped config (e.g. a PostgreSQL `[storage] url`)."""
     async with FakeSlack(ack_timeout=10.0) as slack:
         channel = slack.add_channel("general")
         alice = slack.add_user("UALICE", name="alice", display_name="Alice")
         lead = slack.add_user("ULEAD", name="lead", display_name="Lead")
         config = shipped_config_in(
             workdir,
-            replace={'approvers = ["devchat:lead"]': f"approvers = {approvers}"},
+            replace={'approvers = ["devchat:lead"]': f"approvers = {approvers}", **(replace or {})},
             append=SLACK + append,
         )
         env = bot_env(workdir, **slack.env, **env_extra)

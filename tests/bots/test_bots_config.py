@@ -353,3 +353,21 @@ def test_any_database_url_is_a_storage_or_a_problem_that_never_echoes_it(url: st
         assert (target.kind in ("postgres", "sqlite"), target.source) == (True, "DATABASE_URL")
     else:
         assert (target.kind, target.source) == ("sqlite", "config")  # empty: as if unset
+
+
+def test_check_config_names_a_postgresql_store_without_its_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bot.toml"
+    path.write_text('[approvals]\napprovers = ["lead"]\n')
+    monkeypatch.setenv("DATABASE_URL", "postgresql://bot:hunter2@db.internal:6432/ops?sslmode=require")
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "  storage: PostgreSQL postgresql://bot@db.internal:6432/ops (from DATABASE_URL) (lease ttl" in out
+    assert "hunter2" not in out
+
+    monkeypatch.setenv("DATABASE_URL", "mysql://bot:hunter2@db.internal/ops")
+    assert main(["check-config", "--config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "DATABASE_URL" in captured.err and "postgresql://" in captured.err and captured.out == ""
+    assert "hunter2" not in captured.err

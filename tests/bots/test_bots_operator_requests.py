@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from adapters.bridge import Bridge
 from bots.operator_requests import OperatorDesk, ask_running_bot
 from harness_core import Harness
-from harness_core.storage import SqliteStorage
+from harness_core.storage import PostgresStorage, SqliteStorage
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -60,3 +60,22 @@ async def test_a_request_nobody_picks_up_is_withdrawn(tmp_path: Path) -> None:
     finally:
         await reader.close()
         await owner.close()
+
+
+async def test_on_postgres_the_leaders_desk_answers_a_read_only_handle_within_a_second(pg_url: str) -> None:
+    storage = await PostgresStorage.open(pg_url)
+    harness = await Harness.open(storage)
+    bridge = Bridge(harness)
+    desk = OperatorDesk(storage, harness, bridge)
+    desk.start()
+    reader = await PostgresStorage.open_read_only(pg_url)
+    try:
+        found = await ask_running_bot(reader, "retry", {"task": 424242}, timeout=5)
+        assert found is not None and found.status == "failed"
+        assert found.outcome == {"message": "there is no task 424242"}
+        assert found.finished_at is not None and found.finished_at - found.created_at < 1500
+    finally:
+        await reader.close()
+        await desk.stop()
+        await bridge.stop()
+        await harness.close()

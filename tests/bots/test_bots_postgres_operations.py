@@ -1,0 +1,154 @@
+"""Operator commands against PostgreSQL while the bot runs: real `python -m bots` processes on the fake Slack
+(and the fake chat for a parked task) over one PostgreSQL database. The reads open the store read-only (no
+lease); retry, cancel and decisions are requests the running leader carries out within a second."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bots_cli_support import BotProcess, bot_env, cli, toml_value, write_config
+from slack_ops_support import LAST_LINE, slack_bot
+
+from bots.cli import main
+from harness_core.storage import PostgresStorage
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+PASSWORD = "s3cret-pw"
+
+
+def with_password(pg_url: str) -> str:
+    # The test cluster trusts loopback connections, so any password gets in; none may ever be printed.
+    assert "postgres@" in pg_url
+    return pg_url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
+
+
+async def request_latency_ms(pg_url: str, request_id: int) -> int:
+    storage = await PostgresStorage.open_read_only(pg_url)
+    try:
+        found = await storage.operator_request(request_id)
+    finally:
+        await storage.close()
+    assert found is not None and found.finished_at is not None
+    return found.finished_at - found.created_at
+
+
+async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Path, pg_url: str) -> None:
+    # The store comes from DATABASE_URL, password included (a config file may not hold one).
+    storage = {
+        'path = "var/ops.sqlite"': "",
+        "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(tmp_path / 'deploys.jsonl'))}\n",
+    }
+    async with slack_bot(tmp_path, replace=storage, DATABASE_URL=with_password(pg_url)) as s:
+        printed: list[str] = []
+
+        async def run(*args: str) -> str:
+            result = await cli(s.config, *args, env=s.env)
+            printed.append(result.stdout + result.stderr)
+            assert result.returncode == 0, result.stdout + result.stderr
+            return result.stdout
+
+        checked = await run("check-config")
+        assert f"storage: PostgreSQL {pg_url} (from DATABASE_URL) (lease ttl" in checked, checked
+
+        # Reads while the bot holds the lease: inspect and export show what was said on Slack.
+        await s.slack.user_posts(s.channel, s.alice, "hello")
+        answer = await s.slack.wait_for_message(s.channel, contains=LAST_LINE, timeout=30)
+        text = await run("inspect")
+        assert f"storage: {pg_url} (a snapshot read beside the running bot" in text, text
+        doctor = await cli(s.config, "doctor", env=s.env)
+        printed.append(doctor.stdout + doctor.stderr)
+        assert f"ok   storage: {pg_url} opens read-only (has conversations)" in doctor.stdout, doctor.stdout
+        report = json.loads(await run("inspect", "--json"))
+        assert report["snapshot_beside_running_bot"] is True and report["storage"] == pg_url
+        (conversation,) = [c for c in report["conversations"] if c["place"]]
+        entries = [json.loads(line) for line in (await run("export", str(conversation["id"]))).splitlines()]
+        assert entries[0]["model"][0]["content"] == "Alice: hello"
+        said = [e for e in entries if e["kind"] == "core.assistant"][-1]["model"][0]["content"]
+        assert [part["text"] for part in said] == [answer.text]
+
+        # An operator denial: carried out by the running leader, shown on Slack, nothing deployed.
+        await s.slack.user_posts(s.channel, s.alice, "deploy checkout 1.4.3")
+        card, gate = await s.approval_card()
+        pending = json.loads(await run("approvals", "--json", "--pending"))["approvals"]
+        assert [g["id"] for g in pending] == [gate]
+        denied = await run("approvals", "decide", str(gate), "deny", "--as", "oncall")
+        assert f"gate {gate} denied by oncall (operator override) (by the running bot)" in denied
+        assert await request_latency_ms(pg_url, 1) < 1500  # picked up within about a second
+        await s.slack.wait_for(
+            lambda: (
+                not any(b.get("type") == "actions" for b in s.slack.message(s.channel, card.ts).blocks or [])
+            ),
+            20,
+            description="the card loses its buttons",
+        )
+        assert "oncall (operator override)" in str(s.slack.message(s.channel, card.ts).blocks)
+        listed = json.loads(await run("approvals", "--json"))["approvals"]
+        (decided,) = [g for g in listed if g["id"] == gate]
+        assert decided["status"] == "denied" and decided["operator_override"] is True
+
+        # A second deploy waits for its approver; the operator cancels its task through the leader instead.
+        await s.slack.user_posts(s.channel, s.alice, "deploy payments 2.8.0")
+
+        async def second_card() -> int | None:
+            found = (await s.approval_card())[1]
+            return found if found != gate else None
+
+        second = await s.until(second_card)
+        cancelled = await run("cancel", str(second))
+        assert "is being cancelled (by the running bot)" in cancelled, cancelled
+        assert await request_latency_ms(pg_url, 2) < 1500
+        tasks = json.loads(await run("tasks", "--json"))["tasks"]
+        assert second not in [t["id"] for t in tasks]
+        assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
+        assert await s.bot.terminate() == 0, await s.bot.stderr()
+        printed.append(s.bot.output() + await s.bot.stderr())
+    assert not any(PASSWORD in text for text in printed)
+
+
+def call(tool: str, arguments: dict[str, object], message_id: str) -> dict[str, str]:
+    return {"id": message_id, "text": f"/call {tool} {json.dumps(arguments)}"}
+
+
+async def test_retry_of_a_parked_task_reaches_the_running_bot_on_postgres(
+    tmp_path: Path, pg_url: str
+) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
+    sqlite_line = f"path = {toml_value(str(tmp_path / 'bot.sqlite'))}"
+    config.write_text(config.read_text().replace(sqlite_line, f"url = {toml_value(pg_url)}"))
+    for _ in range(2):  # the tool kills its process: once, and once more after the one allowed restart
+        crashed = await BotProcess.start(config, env=env)
+        assert await crashed.finish(60) == -9, await crashed.stderr()
+    bot = await BotProcess.start(config, env=env)
+    try:
+        parked = await bot.wait_for(lambda line: "parked task(s)" in line, 60)
+        assert parked is not None, bot.output()
+        task_id = int(parked.split("task(s) (")[1].split(")")[0])
+        (tmp_path / "repaired").touch()
+        retried = await cli(config, "retry", str(task_id), env=env)
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
+        assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
+        assert "result: worked this time" in retried.stdout
+        assert await request_latency_ms(pg_url, 1) < 1500
+        await bot.wait_for_fake(
+            lambda r: r["op"] == "edit" and r["final"] and "worked this time" in r["text"]
+        )
+        assert not (tmp_path / "bot.sqlite").exists()  # it all happened in PostgreSQL
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+
+
+def test_backup_of_a_postgresql_store_points_to_pg_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "bot.toml"
+    config.write_text('[approvals]\napprovers = ["lead"]\n')
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://bot:{PASSWORD}@db.internal/ops")
+    assert main(["backup", "--config", str(config), str(tmp_path / "copy.sqlite")]) == 1
+    err = capsys.readouterr().err
+    assert "the storage is PostgreSQL (postgresql://***@db.internal/ops): back it up with pg_dump" in err, err
+    assert PASSWORD not in err and not (tmp_path / "copy.sqlite").exists()
