@@ -15,4 +15,5 @@ BENCHMARKS: dict[str, str] = {
     "recovery": "benchmarks.recovery",
     "context_cost": "benchmarks.context_cost",
     "idle_memory": "benchmarks.idle_memory",
+    "memory_growth": "benchmarks.memory_growth",
 }
