@@ -221,6 +221,10 @@ class ReplyWorker:
                 place.value["engaged"] = True
 
         await self.bridge.harness.commit(commit)
+        for part in reply.get("parts") or []:  # final: these messages are not edited again
+            self.bridge.shown.pop(str(part.get("message_id")), None)
+        for message_id in ids:
+            self.bridge.shown.pop(message_id, None)
 
 
 class Delivery:
@@ -230,18 +234,27 @@ class Delivery:
         self.bridge = bridge
         self.active: set[str] = set()  # reply keys with a live record
         self.workers: dict[str, tuple[ReplyWorker, asyncio.Task[None]]] = {}
+        # Live reply keys per conversation; a conversation leaves with its last live reply (no empty sets).
         self.by_conversation: dict[int, set[str]] = {}
+        self._conversation_of: dict[str, int] = {}
         self.stopping = False
 
     def track(self, key: str, conversation_id: int | None) -> None:
         self.active.add(key)
         if conversation_id is not None:
             self.by_conversation.setdefault(conversation_id, set()).add(key)
+            self._conversation_of[key] = conversation_id
 
     def untrack(self, key: str) -> None:
         self.active.discard(key)
-        for keys in self.by_conversation.values():
+        conversation_id = self._conversation_of.pop(key, None)
+        if conversation_id is None:
+            return
+        keys = self.by_conversation.get(conversation_id)
+        if keys is not None:
             keys.discard(key)
+            if not keys:
+                del self.by_conversation[conversation_id]
 
     def kick(self, key: str) -> None:
         if self.stopping or key not in self.active:
