@@ -222,6 +222,10 @@ def _translate(path: str, action: str, exc: sqlite3.Error) -> StorageError:
             f"storage {path} is locked by another SQLite connection that does not take the owner lock "
             f"({exc}); {action} failed"
         )
+    if name.startswith("SQLITE_READONLY"):
+        return StorageError(
+            f"storage {path} cannot be written (read-only file system or permissions: {exc}); {action} failed"
+        )
     if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
         return StorageCorrupt(f"storage {path} is not a readable SQLite database ({exc}); {action} failed")
     return StorageError(f"storage {path}: {action} failed: {exc}")
@@ -253,9 +257,12 @@ def _quick_check(conn: sqlite3.Connection, path: str, budget: float) -> bool:
         return False
     finally:
         conn.set_progress_handler(None, 0)
-    found = [str(row[0]) for row in rows]
+    found = [line.strip() for row in rows for line in str(row[0]).splitlines() if line.strip()]
     if found != ["ok"]:
-        raise StorageCorrupt(f"storage {path} is corrupt (quick_check: {'; '.join(found)}); {RESTORE_HINT}")
+        problems = [line for line in found if not line.startswith("***")][:3]  # one line: the first three
+        raise StorageCorrupt(
+            f"storage {path} is corrupt (quick_check: {'; '.join(problems)}); {RESTORE_HINT}"
+        )
     return True
 
 
@@ -277,7 +284,10 @@ def _prepare(path: Path) -> tuple[str, OwnerLock]:
     """Take the owner lock, then check the file is a SQLite database, or create one. Local syscalls, inline."""
     file = path.absolute()
     description = str(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create the directory of storage {description}: {exc}") from exc
     lock = OwnerLock.acquire(file.with_name(file.name + ".lock"), description)
     try:
         _check_header(file, description)
