@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.model import EditExpired, MessageGone, Place, RetryLater, TransportError
-from adapters.bridge.text import render_partial, render_unanswered, split_text
+from adapters.bridge.text import incident_id, is_internal, render_partial, render_unanswered, split_text
 from harness_core import LiveDoc, Tx
 from harness_core.messages import AssistantMessage
 
@@ -110,7 +110,18 @@ class ReplyWorker:
             if submission.reason == "aborted" and not reply.get("parts"):
                 await self.finish(reply, target, None, [])  # withdrawn before anything was shown
                 return True
-            text = render_unanswered(submission.reason, submission.detail)
+            incident = None
+            if is_internal(submission.reason):
+                incident = incident_id(submission.id, submission.reason, submission.detail)
+                log.error(
+                    "incident %s: input %s in %s got no answer (%s): %s",
+                    incident,
+                    submission.id,
+                    target.key,
+                    submission.reason,
+                    submission.detail,
+                )
+            text = render_unanswered(submission.reason, submission.detail, incident)
         else:
             live = await harness.snapshot(LiveDoc, int(reply["conversation_id"])) or {}
             run = live.get("run") or {}

@@ -4,6 +4,7 @@ catch-up, and the guards of a server without a login."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -279,3 +280,21 @@ async def test_requests_from_other_origins_and_hosts_are_refused(rig: Rig) -> No
             assert response.status == 200
         async with http.get(rig.adapter.url + "static/..%2Fstore.py") as response:
             assert response.status in (403, 404)
+
+
+async def test_an_internal_failure_reaches_the_page_as_an_apology_with_an_incident_id(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    page, _ = await rig.hello()
+    store: Any = rig.adapter.store
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error", "/srv/durable-bots/var/devchat.sqlite")
+
+    store.add_channel = broken
+    await page.send(type="channel", name="alice", channel="release")
+    text = (await page.until(lambda f: f["type"] == "error"))["text"]
+    found = re.fullmatch(r"Sorry, that channel failed on my side \(incident ([0-9a-f]{8})\)\.", text)
+    assert found is not None, text
+    [logged] = [r for r in caplog.records if found.group(1) in r.getMessage()]
+    assert "/srv/durable-bots/var/devchat.sqlite" in logged.getMessage()
