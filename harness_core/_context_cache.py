@@ -9,7 +9,7 @@ id, so none is missed or doubled. Cached entries are shared: callers must not mu
 
 Bounds: at most `capacity` conversations (default 512) and `max_bytes` of entries (default `MAX_BYTES`, 8 MiB,
 counted as each entry's serialized JSON size; in memory an entry with its parsed models and the derived
-prompt view takes about ten times that, so the default holds roughly 80 MB). The least recently used ranges
+prompt view took about 15 times that in `benchmarks/memory_growth.py`, so the full default holds ~115 MB). The least recently used ranges
 leave first; a range bigger than the whole budget is used once and not kept. Nothing is lost by leaving:
 the next `get` reads the range from storage again.
 """
