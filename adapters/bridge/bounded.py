@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -41,3 +41,22 @@ class Bounded(MutableMapping[K, V]):
 
     def __len__(self) -> int:
         return len(self._data)
+
+
+class BoundedSet(Generic[K]):
+    """A set that keeps at most `capacity` members, the least recently added or touched leaving first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._members: Bounded[K, None] = Bounded(capacity)
+
+    def add(self, member: K) -> None:
+        self._members[member] = None
+
+    def discard(self, member: K) -> None:
+        self._members.pop(member, None)
+
+    def __contains__(self, member: object) -> bool:
+        return member in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
