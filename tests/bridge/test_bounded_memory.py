@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from adapters.bridge import Place
 from adapters.bridge.bounded import Bounded
 from adapters.bridge.governor import PRUNE_ABOVE, RateGovernor
+from harness_core._context_cache import ContextCache
 
-from .support import Bot
+from .support import Bot, user_texts
 
 Bots = Callable[..., Awaitable[Bot]]
 
@@ -74,3 +76,25 @@ def test_bounded_keeps_the_most_recently_used() -> None:
     assert kept["a"] == 1  # "a" is now the most recent
     kept["c"] = 3
     assert dict(kept) == {"a": 1, "c": 3}
+
+
+async def test_conversations_evicted_from_a_tiny_context_cache_are_answered_with_their_whole_context(
+    bots: Bots, tmp_path: Path
+) -> None:
+    bot = await bots(tmp_path / "bot.sqlite")
+    cache = ContextCache(max_bytes=2_000)  # smaller than two conversations: every turn evicts another
+    bot.harness.context_cache = cache
+    bot.harness.session.subscribe(cache.on_publication)
+    channels = places(3)
+    for round_ in range(3):
+        for n, place in enumerate(channels):
+            await bot.say(f"{round_}.{n}", f"<@BOT> round {round_} in {n}", place=place)
+            await bot.settle()
+    assert cache.size[1] <= 2_000 and cache.size[0] < len(channels)
+    for n, place in enumerate(channels):
+        texts = bot.platform.texts(place)
+        assert texts == [f"answer to alice: <@BOT> round {r} in {n}" for r in range(3)]  # each once
+        [last] = bot.requests_seeing(f"round 2 in {n}")
+        assert [t for t in user_texts(last) if "<@BOT>" in t] == [
+            f"alice: <@BOT> round {r} in {n}" for r in range(3)
+        ]  # the evicted context came back whole from storage
