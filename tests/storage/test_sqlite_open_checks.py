@@ -3,16 +3,20 @@ never started as an empty store, and the page check at open stays bounded in tim
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import stat
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness_core.errors import StorageCorrupt
 from harness_core.records import Conversation, Entry
 from harness_core.storage import CommitBatch, SqliteStorage
+from harness_core.storage import _sqlite as sqlite_module
 from harness_core.storage._lock import OwnerLock
 
 
@@ -99,3 +103,53 @@ async def test_a_new_store_is_created_whole_and_private(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in path.parent.iterdir()) == ["store.db", "store.db.lock"]
     await (await SqliteStorage.open(path)).close()  # and it reopens
+
+
+async def test_a_big_store_is_checked_in_the_background_and_damage_stops_every_later_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sqlite_module, "INLINE_CHECK_BYTES", 0)  # every store counts as big
+    monkeypatch.setattr(sqlite_module, "BACKGROUND_CHECK_DELAY", 0.0)
+    path = tmp_path / "store.db"
+    await filled_store(path)
+    damage_table(path, "entries")
+    with caplog.at_level(logging.ERROR, logger="harness_core.storage"):
+        storage = await SqliteStorage.open(path)  # returns before the check: a restart does not wait
+        try:
+            assert storage._verifying is not None
+            await asyncio.wait_for(asyncio.shield(storage._verifying), 10)
+            with pytest.raises(StorageCorrupt, match=str(path)) as caught:
+                await storage.meta()  # even a call that reads nothing damaged
+            assert "restore it from a backup" in str(caught.value)
+        finally:
+            await storage.close()
+    assert any(str(path) in r.getMessage() and "corrupt" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_healthy_big_store_passes_the_background_check_and_close_stops_a_running_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "INLINE_CHECK_BYTES", 0)
+    monkeypatch.setattr(sqlite_module, "BACKGROUND_CHECK_DELAY", 0.0)
+    path = tmp_path / "store.db"
+    await filled_store(path, entries=3000)
+    storage = await SqliteStorage.open(path)
+    assert storage._verifying is not None
+    await asyncio.wait_for(asyncio.shield(storage._verifying), 10)
+    assert len((await storage.scan_entries(1, limit=10)).items) == 10  # nothing found: it runs on
+    await storage.close()
+    started: list[threading.Event] = []
+    began = threading.Event()
+    blocking = sqlite_module._check_in_background
+
+    def slow(path: str, budget: float, stop: threading.Event) -> Any:
+        started.append(stop)
+        began.set()
+        stop.wait(30)  # a check that would run long; close() must stop it
+        return blocking(path, budget, stop)
+
+    monkeypatch.setattr(sqlite_module, "_check_in_background", slow)
+    storage = await SqliteStorage.open(path)
+    assert await asyncio.to_thread(began.wait, 10)
+    await asyncio.wait_for(storage.close(), 10)
+    assert started[0].is_set()
