@@ -28,11 +28,9 @@ from bots.operator import (
     inspect_command,
     retry_command,
 )
-from bots.runtime import EXIT_ERROR, BotError, run_bot
+from bots.runtime import EXIT_CORRUPT, EXIT_ERROR, EXIT_STORAGE, BotError, run_bot
 from harness_core import HarnessClosed, StorageCorrupt, StorageError
 
-EXIT_STORAGE = 3
-EXIT_CORRUPT = 4
 READ_ONLY_HINT = (
     "the file system is read-only: make the storage directory writable "
     "(the bot writes the database, its -wal file and its lock file there)"
@@ -179,7 +177,9 @@ def _guarded(command: Callable[[], int]) -> int:
         return _fail(str(exc), EXIT_ERROR)
     except Exception as exc:  # a bug: the detail goes to the log, the command still ends with one line
         log.error("unexpected error", exc_info=exc)
-        return _fail(f"unexpected error ({type(exc).__name__}: {exc}); the log above has the details", 1)
+        return _fail(
+            f"unexpected error ({type(exc).__name__}: {exc}); the log above has the details", EXIT_ERROR
+        )
 
 
 def _reraise(exc: BaseException) -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from bots_cli_support import REPO, Result, bot_env, cli, write_config
 
-from bots.cli import EXIT_CORRUPT, EXIT_STORAGE, _guarded
+from bots.cli import _guarded
+from bots.runtime import EXIT_CORRUPT, EXIT_ERROR, EXIT_STORAGE, storage_exit_code
 from harness_core import HarnessClosed, StorageCorrupt, StorageError
 from harness_core.records import Conversation, Entry
 from harness_core.storage import CommitBatch, SqliteStorage
@@ -119,3 +120,9 @@ def test_a_storage_failure_under_a_running_command_is_one_line(capsys: pytest.Ca
         "durable-bots: storage /x.db holds an unreadable entries row",
         "durable-bots: storage /x.db: commit failed: disk I/O error",
     ]
+
+
+def test_a_run_stopped_by_its_storage_exits_with_the_storage_codes() -> None:
+    assert storage_exit_code(StorageCorrupt("storage /x.db holds an unreadable entries row")) == EXIT_CORRUPT
+    assert storage_exit_code(StorageError("storage /x.db: commit failed: disk I/O error")) == EXIT_STORAGE
+    assert storage_exit_code(RuntimeError("a bug")) == EXIT_ERROR
