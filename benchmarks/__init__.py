@@ -17,4 +17,5 @@ BENCHMARKS: dict[str, str] = {
     "idle_memory": "benchmarks.idle_memory",
     "postgres": "benchmarks.postgres",
     "takeover": "benchmarks.takeover",
+    "memory_growth": "benchmarks.memory_growth",
 }

@@ -2,16 +2,23 @@
 
 Exit codes: 0 success; 1 a problem (bad config, unknown task, failed retry, a lost PostgreSQL lease); 2 the
 storage is held by another process (the running bot; on PostgreSQL `run` waits as a standby instead unless
-`--no-standby`) or the command line is wrong.
+`--no-standby`) or the command line is wrong; 3 the storage cannot be used (an I/O error, a read-only file
+system, a full disk); 4 the storage is corrupt (restore it from a backup); 130 interrupted.
+
+Every command ends with one `durable-bots: ...` line on stderr when it fails, never a traceback: `main` runs
+each command inside `_guarded`, so a command added to `_dispatch` is covered without doing anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import logging
 import os
+import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.redact import redact_text
@@ -29,7 +36,14 @@ from bots.operator import (
     inspect_command,
     retry_command,
 )
-from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, run_bot
+from bots.runtime import EXIT_CORRUPT, EXIT_ERROR, EXIT_OK, EXIT_STORAGE, BotError, run_bot
+from harness_core import HarnessClosed, StorageCorrupt, StorageError
+
+READ_ONLY_HINT = (
+    "the file system is read-only: make the storage directory writable "
+    "(the bot writes the database, its -wal file and its lock file there)"
+)
+log = logging.getLogger("bots.cli")
 
 DEFAULT_CONFIG = "config/ops.toml"
 EXIT_USAGE = 2
@@ -192,15 +206,71 @@ def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
     return code
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in found:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _read_only(exc: BaseException) -> bool:
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno == errno.EROFS:
+            return True
+        if isinstance(link, sqlite3.Error) and "readonly" in (getattr(link, "sqlite_errorname", "") or ""):
+            return True
+    return False
+
+
+def _fail(message: str, code: int) -> int:
+    print(redact_text(f"durable-bots: {message}"), file=sys.stderr)  # a URL in an error may carry credentials
+    return code
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """Run one command; turn every failure into one `durable-bots: ...` line and its exit code."""
+    try:
+        return command()
+    except BotError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return 130
+    except HarnessClosed as exc:  # the storage failed under a running command
+        cause = exc.cause if exc.cause is not None else exc
+        return _guarded(lambda: _reraise(cause))
+    except StorageCorrupt as exc:
+        return _fail(str(exc), EXIT_CORRUPT)
+    except StorageError as exc:
+        detail = f"{exc}; {READ_ONLY_HINT}" if _read_only(exc) else str(exc)
+        return _fail(detail, EXIT_STORAGE)
+    except OSError as exc:
+        if _read_only(exc):
+            return _fail(f"{exc}; {READ_ONLY_HINT}", EXIT_STORAGE)
+        return _fail(str(exc), EXIT_ERROR)
+    except Exception as exc:  # a bug: the detail goes to the log, the command still ends with one line
+        log.error("unexpected error", exc_info=exc)
+        return _fail(
+            f"unexpected error ({type(exc).__name__}: {exc}); the log above has the details", EXIT_ERROR
+        )
+
+
+def _reraise(exc: BaseException) -> int:
+    raise exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.log_format or "text")
     if args.command == "migrate":  # needs no config: both stores are named on the command line
-        try:
-            return asyncio.run(migrate_command(args.source, args.target, dict(os.environ), sys.stdout))
-        except BotError as exc:
-            print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
-            return exc.exit_code
+        return _guarded(
+            lambda: asyncio.run(migrate_command(args.source, args.target, dict(os.environ), sys.stdout))
+        )
+    return _guarded(lambda: _command(args))
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -210,17 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(args.log_level, config.logging.format)
     if args.command == "check-config":
         return check_config_command(config, dict(os.environ), sys.stdout, sys.stderr)
-    try:
-        if args.command == "backup":
-            source = sqlite_source(config, dict(os.environ))
-            size = backup_storage(source, args.file)
-            print(f"backed up {source} to {args.file} ({size} bytes, mode 0600)")
-            return EXIT_OK
-        if args.command == "export" and args.out is not None:
-            return _export_to_file(args, config)
-        return asyncio.run(_dispatch(args, config))
-    except BotError as exc:
-        print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    if args.command == "backup":
+        source = sqlite_source(config, dict(os.environ))
+        size = backup_storage(source, args.file)
+        print(f"backed up {source} to {args.file} ({size} bytes, mode 0600)")
+        return EXIT_OK
+    if args.command == "export" and args.out is not None:
+        return _export_to_file(args, config)
+    return asyncio.run(_dispatch(args, config))

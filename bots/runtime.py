@@ -43,6 +43,7 @@ from harness_core import (
     ModelRef,
     Models,
     Registry,
+    StorageCorrupt,
     StorageError,
     StorageLocked,
     Tx,
@@ -57,7 +58,16 @@ AdapterFactory = Callable[[dict[str, Any], Mapping[str, str]], Adapter]
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_LOCKED = 2
+EXIT_STORAGE = 3  # the storage cannot be used: I/O error, read-only file system, full disk
+EXIT_CORRUPT = 4  # the storage is corrupt: restore it from a backup
 SHUTDOWN_STEP_TIMEOUT = 15.0
+
+
+def storage_exit_code(error: BaseException | None) -> int:
+    """The exit code for a storage failure (`durable-bots` documents them): corrupt 4, other storage errors 3."""
+    if isinstance(error, StorageCorrupt):
+        return EXIT_CORRUPT
+    return EXIT_STORAGE if isinstance(error, StorageError) else EXIT_ERROR
 
 
 class BotError(Exception):
@@ -645,7 +655,7 @@ async def run_bot(
         elif closed in done:
             info = closed.result()
             console.say(f"durable-bots: the storage failed ({info.reason}: {info.error}); exiting")
-            code = EXIT_ERROR
+            code = storage_exit_code(info.error)
         else:
             closed.cancel()
             why = received[0] if received else "stop requested"

@@ -6,6 +6,12 @@ Entries are immutable and only ever appended, so a cached range stays right as l
 conversation are appended to it; a new head marker (reset, compaction) changes the range, so it drops the
 range. The cache is filled from storage; commits published while it is being read are buffered and merged by
 id, so none is missed or doubled. Cached entries are shared: callers must not mutate them.
+
+Bounds: at most `capacity` conversations (default 512) and `max_bytes` of entries (default `MAX_BYTES`, 8 MiB,
+counted as each entry's serialized JSON size; in memory an entry with its parsed models and the derived
+prompt view took about 15 times that in `benchmarks/memory_growth.py`, so the full default holds ~115 MB). The least recently used ranges
+leave first; a range bigger than the whole budget is used once and not kept. Nothing is lost by leaving:
+the next `get` reads the range from storage again.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from harness_core._session import Publication
 from harness_core.records import Entry
 
 Loader = Callable[[], Awaitable[tuple[Entry | None, list[Entry]]]]
+MAX_BYTES = 8 * 2**20
+
+
+def entry_bytes(entry: Entry) -> int:
+    """What an entry counts against the byte budget: its JSON size as stored."""
+    return len(entry.model_dump_json(exclude_none=True))
 
 
 @dataclass
@@ -31,25 +43,47 @@ class _Range:
     pending: list[Entry] = field(default_factory=list)  # published while the range was being read
     stale: bool = False
     derived: tuple[tuple[int, int], Any] | None = None  # ((entry count, newest id), derived view)
+    size: int = 0  # bytes of the entries (see `entry_bytes`)
 
-    def add(self, entry: Entry) -> None:
+    def add(self, entry: Entry) -> int:
+        """Add a published entry; the bytes it adds (0 when it was already there)."""
         # `derived` is kept: its key (entry count, newest id) names one prefix state (entries are only ever
         # added, and ids are unique and sorted), so `ContextCache.derived` can extend it or tell it is stale.
         if self.ids and entry.id <= self.ids[-1]:
-            if entry.id in self.ids:
-                return
             index = bisect.bisect_left(self.ids, entry.id)
+            if index < len(self.ids) and self.ids[index] == entry.id:
+                return 0
             self.ids.insert(index, entry.id)
             self.entries.insert(index, entry)
-            return
-        self.ids.append(entry.id)
-        self.entries.append(entry)
+        else:
+            self.ids.append(entry.id)
+            self.entries.append(entry)
+        added = entry_bytes(entry)
+        self.size += added
+        return added
 
 
 class ContextCache:
-    def __init__(self, capacity: int = 512) -> None:
+    def __init__(self, capacity: int = 512, max_bytes: int = MAX_BYTES) -> None:
         self._capacity = capacity
+        self._max_bytes = max_bytes
         self._ranges: OrderedDict[int, _Range] = OrderedDict()
+        self._bytes = 0  # sum of the sizes of the ranges held
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(conversations, bytes) held."""
+        return len(self._ranges), self._bytes
+
+    def _drop(self, conversation_id: int) -> None:
+        dropped = self._ranges.pop(conversation_id, None)
+        if dropped is not None:
+            self._bytes -= dropped.size
+
+    def _shrink(self) -> None:
+        while self._ranges and (len(self._ranges) > self._capacity or self._bytes > self._max_bytes):
+            oldest = next(iter(self._ranges))
+            self._drop(oldest)
 
     def on_publication(self, publication: Publication) -> None:
         if not self._ranges:
@@ -61,9 +95,10 @@ class ContextCache:
             if entry.head is not None:
                 cached.stale = True  # a new marker moves the range start: read it again next time
             elif cached.ready:
-                cached.add(entry)
+                self._bytes += cached.add(entry)
             else:
                 cached.pending.append(entry)
+        self._shrink()
 
     async def get(
         self, conversation_id: int, cutoff: int | None, load: Loader
@@ -74,6 +109,7 @@ class ContextCache:
             if cutoff is None:
                 return cached.head, list(cached.entries)
             return cached.head, cached.entries[: bisect.bisect_right(cached.ids, cutoff)]
+        self._drop(conversation_id)
         fresh = _Range(head=None, entries=[])
         self._ranges[conversation_id] = fresh  # buffer what is published while we read
         self._ranges.move_to_end(conversation_id)
@@ -87,12 +123,13 @@ class ContextCache:
             fresh.head = head
             fresh.entries = list(entries)
             fresh.ids = [e.id for e in entries]
+            fresh.size = sum(entry_bytes(e) for e in fresh.entries)
             for entry in fresh.pending:
                 fresh.add(entry)
             fresh.pending = []
             fresh.ready = True
-            while len(self._ranges) > self._capacity:
-                self._ranges.popitem(last=False)
+            self._bytes += fresh.size
+            self._shrink()
         elif self._ranges.get(conversation_id) is fresh:
             del self._ranges[conversation_id]
         if cutoff is None:
@@ -140,4 +177,4 @@ class ContextCache:
         return view
 
     def forget(self, conversation_id: int) -> None:
-        self._ranges.pop(conversation_id, None)
+        self._drop(conversation_id)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from adapters.bridge.approvals import ApprovalPolicy, Approvals, Decision
+from adapters.bridge.bounded import Bounded
 from adapters.bridge.delivery import Delivery, load_active
 from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc, WatchDoc
 from adapters.bridge.governor import RateGovernor
@@ -24,6 +25,8 @@ from adapters.bridge.transport import Transport
 from harness_core import AgentChange, Extension, Harness, Publication, Tx, log_context
 
 log = logging.getLogger("adapters.bridge")
+
+SHOWN_CAPACITY = 1024
 
 
 class Bridge:
@@ -44,7 +47,10 @@ class Bridge:
         self.config = config or BridgeConfig()
         self.agent = agent  # the agent of conversations the bridge creates for new channels
         self.transports: dict[str, Transport] = {}
-        self.shown: dict[str, str] = {}  # message id -> text this process last showed there
+        # Message id -> text this process last showed there, so an unchanged partial is not edited again. Kept
+        # for messages still being edited (dropped when their reply is final) and at most SHOWN_CAPACITY of
+        # them: a message that fell out gets one edit with the text it already shows, nothing worse.
+        self.shown: Bounded[str, str] = Bounded(SHOWN_CAPACITY)
         self.delivery = Delivery(self)
         self.approvals = Approvals(self, approvals)
         self._governors: dict[str, RateGovernor] = {}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.model import DeleteRefused, EditExpired, MessageGone, Place, RetryLater, TransportError
-from adapters.bridge.text import render_partial, render_unanswered, split_text
+from adapters.bridge.text import incident_id, is_internal, render_partial, render_unanswered, split_text
 from harness_core import LiveDoc, Tx, log_context
 from harness_core.messages import AssistantMessage
 
@@ -111,7 +111,18 @@ class ReplyWorker:
             if submission.reason == "aborted" and not reply.get("parts"):
                 await self.finish(reply, target, None, [])  # withdrawn before anything was shown
                 return True
-            text = render_unanswered(submission.reason, submission.detail)
+            incident = None
+            if is_internal(submission.reason):
+                incident = incident_id(submission.id, submission.reason, submission.detail)
+                log.error(
+                    "incident %s: input %s in %s got no answer (%s): %s",
+                    incident,
+                    submission.id,
+                    target.key,
+                    submission.reason,
+                    submission.detail,
+                )
+            text = render_unanswered(submission.reason, submission.detail, incident)
         else:
             live = await harness.snapshot(LiveDoc, int(reply["conversation_id"])) or {}
             run = live.get("run") or {}
@@ -265,6 +276,10 @@ class ReplyWorker:
                 place.value["engaged"] = True
 
         await self.bridge.harness.commit(commit)
+        for part in reply.get("parts") or []:  # final: these messages are not edited again
+            self.bridge.shown.pop(str(part.get("message_id")), None)
+        for message_id in ids:
+            self.bridge.shown.pop(message_id, None)
 
 
 class Delivery:
@@ -274,18 +289,27 @@ class Delivery:
         self.bridge = bridge
         self.active: set[str] = set()  # reply keys with a live record
         self.workers: dict[str, tuple[ReplyWorker, asyncio.Task[None]]] = {}
+        # Live reply keys per conversation; a conversation leaves with its last live reply (no empty sets).
         self.by_conversation: dict[int, set[str]] = {}
+        self._conversation_of: dict[str, int] = {}
         self.stopping = False
 
     def track(self, key: str, conversation_id: int | None) -> None:
         self.active.add(key)
         if conversation_id is not None:
             self.by_conversation.setdefault(conversation_id, set()).add(key)
+            self._conversation_of[key] = conversation_id
 
     def untrack(self, key: str) -> None:
         self.active.discard(key)
-        for keys in self.by_conversation.values():
+        conversation_id = self._conversation_of.pop(key, None)
+        if conversation_id is None:
+            return
+        keys = self.by_conversation.get(conversation_id)
+        if keys is not None:
             keys.discard(key)
+            if not keys:
+                del self.by_conversation[conversation_id]
 
     def kick(self, key: str) -> None:
         if self.stopping or key not in self.active:

@@ -4,6 +4,11 @@ back-off when the platform says Retry-After, for one key or for the whole platfo
 Slack (`chat.postMessage` / `chat.update`) and Discord (sends and edits share a bucket) both limit writes per
 channel, so the bridge runs every write into a channel inside `slot(channel key)`: posts, continuation posts,
 streaming edits and final edits share one budget, and concurrent reply workers in that channel queue for it.
+
+Memory: a key's state (its next turn and its lock) is kept while a call for it waits or runs, or its spacing or
+back-off is still ahead; once more than `PRUNE_ABOVE` keys are held, idle keys whose time has passed are
+dropped (they would allow a call at once anyway), so the state grows with the channels written to recently,
+not with every channel ever written to.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from adapters.bridge.model import RetryLater
+
+PRUNE_ABOVE = 256
 
 
 class RateGovernor:
@@ -28,12 +35,39 @@ class RateGovernor:
         # For metrics: writes made through slot() and those answered with Retry-After (429), since start.
         self.writes = 0
         self.rate_limited = 0
+        self._users: dict[str, int] = {}  # calls waiting for or holding each key's lock
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         return lock
+
+    @asynccontextmanager
+    async def _held(self, key: str) -> AsyncIterator[None]:
+        """Hold `key`'s lock; the key's state is never pruned while anyone waits for or holds it."""
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            async with self._lock(key):
+                yield
+        finally:
+            left = self._users[key] - 1
+            if left:
+                self._users[key] = left
+            else:
+                del self._users[key]
+            if len(self._next_at) > PRUNE_ABOVE:
+                self._prune()
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, at in self._next_at.items() if at <= now and k not in self._users]:
+            del self._next_at[key]
+            self._locks.pop(key, None)
+
+    def __len__(self) -> int:
+        """Keys with state held."""
+        return len(self._next_at.keys() | self._locks.keys())
 
     async def _wait_turn(self, key: str) -> None:
         # Re-check after every sleep: a Retry-After may arrive (for this key or platform-wide) while waiting.
@@ -46,7 +80,7 @@ class RateGovernor:
     async def acquire(self, key: str, *, interval: float | None = None) -> None:
         """Wait until a call for `key` may go out, and reserve the slot (spacing counted from now)."""
         spacing = self.per_key_interval if interval is None else interval
-        async with self._lock(key):
+        async with self._held(key):
             await self._wait_turn(key)
             self._next_at[key] = time.monotonic() + spacing
 
@@ -58,7 +92,7 @@ class RateGovernor:
         `interval` however long the call took. A `RetryLater` raised by the call also pushes the key's next
         turn out by its `seconds`."""
         spacing = self.per_key_interval if interval is None else interval
-        async with self._lock(key):
+        async with self._held(key):
             await self._wait_turn(key)
             self.writes += 1
             if self.guard is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from typing import Any
 
 FENCE = "```"
@@ -93,11 +95,30 @@ UNANSWERED = {
     "no_model": "I have no model configured.",
     "model_error": "The model failed",
     "aborted": "Stopped.",
-    "faulted": "Something broke while answering",
     "reset": "The conversation was reset before I answered.",
 }
+# Reasons not listed above are internal (a task that faulted, a task whose code is missing, a storage failure):
+# the chat gets only an apology with an incident id; the detail goes to the log under the same id.
+APOLOGY = "⚠️ Sorry, something went wrong on my side while answering (incident {incident})."
 
 
-def render_unanswered(reason: str | None, detail: str | None) -> str:
-    base = UNANSWERED.get(reason or "", f"I could not answer ({reason})")
+def incident_id(*parts: object) -> str:
+    """A short id (8 characters) that ties an apology in chat to the log line holding the detail. Derived from
+    `parts` when given, so every process that renders the same failure shows the same id; random otherwise."""
+    if not parts:
+        return secrets.token_hex(4)
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def render_unanswered(reason: str | None, detail: str | None, incident: str | None = None) -> str:
+    """The final text of an input that got no answer. Internal failures show no detail at all (no paths,
+    class names or kinds), only `APOLOGY` with `incident` (the caller logs the detail with the same id)."""
+    base = UNANSWERED.get(reason or "")
+    if base is None:
+        return APOLOGY.format(incident=incident or incident_id(reason, detail))
     return f"⚠️ {base}: {detail}" if detail and not base.endswith(".") else f"⚠️ {base}"
+
+
+def is_internal(reason: str | None) -> bool:
+    """Whether an unanswered reason is an internal failure (shown only as an apology)."""
+    return (reason or "") not in UNANSWERED

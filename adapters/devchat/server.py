@@ -36,7 +36,7 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from adapters.bridge import ApprovalDoc, Bridge, PayloadTooDeep, Place, PlaceOfDoc, valid_payload
-from adapters.bridge.text import neutralize_bidi, neutralize_value
+from adapters.bridge.text import incident_id, neutralize_bidi, neutralize_value
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import PLATFORM, DevchatTransport
@@ -300,8 +300,19 @@ class DevchatServer:
         except ValueError as exc:
             client.send({"type": "error", "text": str(exc)})
         except Exception as exc:  # e.g. the harness is closing; keep the connection, tell the page
-            log.warning("devchat: %s failed: %s", type(message).__name__, exc)
-            client.send({"type": "error", "text": f"{message.type} failed: {exc}"})
+            # The page gets an apology and an id, never the error (paths, class names): the log has it.
+            incident = incident_id()
+            kind = type(message).__name__
+            log.error(
+                "devchat: incident %s: %s failed: %s: %s",
+                incident,
+                kind,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            text = f"Sorry, that {message.type} failed on my side (incident {incident})."
+            client.send({"type": "error", "text": text})
 
     async def _hello(self, client: Client, hello: Hello) -> None:
         async with self.store.lock:  # no write may land between what we read and the subscription

@@ -53,6 +53,7 @@ from adapters.bridge import (
     TransportError,
     is_reply_key,
 )
+from adapters.bridge.bounded import BoundedSet
 from adapters.slack._api import SlackCallError, SlackPermanentError, call
 from adapters.slack.blocks import approval_blocks, fallback_text
 from adapters.slack.config import SlackOptions
@@ -70,6 +71,9 @@ TYPING = " …"
 PLACEHOLDER = "…"
 _PAGE = 200
 _CREATED_MEMORY = 10_000
+# Messages remembered as not streaming. One that left is edited like a message from before this process
+# started (the stream check runs first), so the bound costs at most a call, never a wrong edit.
+_PLAIN_MEMORY = 10_000
 _PATIENCE = 3  # rate limits a catch-up read waits out (Retry-After) before its place is given up
 
 
@@ -141,7 +145,8 @@ class SlackTransport:
         self.max_chars = options.max_chars
         self.edit_interval = options.edit_interval
         self._streams: dict[str, _Stream] = {}  # ts -> a stream this process started and has not stopped
-        self._plain: set[str] = set()  # ts of messages known not to be streaming (edited with chat.update)
+        # ts of messages known not to be streaming (edited with chat.update); bounded: see _PLAIN_MEMORY
+        self._plain: BoundedSet[str] = BoundedSet(_PLAIN_MEMORY)
         self._created: dict[str, None] = {}  # ts this process created (ordered; bounded)
         self._adopt_lock = asyncio.Lock()
         self._stream_refused = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from harness_core import EntryDraft, Harness, Input, Tx
+from harness_core._context_cache import ContextCache
 from harness_core.context import derive_context
 from harness_core.conversation import load_context, read_active_range
 from harness_core.messages import UserMessage
@@ -182,4 +183,34 @@ async def test_a_caller_editing_the_view_it_got_does_not_change_later_contexts()
             break
     await note(harness, root.id, "two")
     await assert_agrees(harness, root.id)
+    await harness.close()
+
+
+async def test_the_cache_is_bounded_by_bytes_and_an_evicted_range_reads_back_the_same() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    budget = 20_000
+    harness.context_cache = cache = ContextCache(max_bytes=budget)
+    harness.session.subscribe(cache.on_publication)
+    root = await harness.root()
+    conversations = [root.id] + [(await harness.create_conversation()).id for _ in range(9)]
+    for round_ in range(6):
+        for conversation_id in conversations:
+            await note(harness, conversation_id, f"round {round_}: " + "x" * 400)
+            await assert_agrees(harness, conversation_id)
+        assert cache.size[1] <= budget
+    assert cache.size[0] < len(conversations)  # without the byte bound all ten (about 27 KB) stay
+    for conversation_id in conversations:  # the evicted ones come back from storage, whole
+        await assert_agrees(harness, conversation_id)
+    await harness.close()
+
+
+async def test_a_range_bigger_than_the_whole_budget_is_used_but_not_kept() -> None:
+    harness = await Harness.open(await MemoryStorage.open())
+    harness.context_cache = cache = ContextCache(max_bytes=1_000)
+    harness.session.subscribe(cache.on_publication)
+    root = await harness.root()
+    for n in range(5):
+        await note(harness, root.id, f"{n}: " + "y" * 400)
+    await assert_agrees(harness, root.id)
+    assert cache.size == (0, 0)
     await harness.close()

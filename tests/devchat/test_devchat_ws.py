@@ -4,6 +4,7 @@ catch-up, and the guards of a server without a login."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -382,3 +383,21 @@ async def test_the_panel_shows_bidi_controls_in_names_as_visible_tags(rig: Rig) 
     page, _ = await rig.hello()
     panel = await page.until(lambda f: f["type"] == "panel" and f["approvals"])
     assert panel["approvals"][0]["requester"] == "[U+202E]yrollam"
+
+
+async def test_an_internal_failure_reaches_the_page_as_an_apology_with_an_incident_id(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    page, _ = await rig.hello()
+    store: Any = rig.adapter.store
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error", "/srv/durable-bots/var/devchat.sqlite")
+
+    store.add_channel = broken
+    await page.send(type="channel", name="alice", channel="release")
+    text = (await page.until(lambda f: f["type"] == "error"))["text"]
+    found = re.fullmatch(r"Sorry, that channel failed on my side \(incident ([0-9a-f]{8})\)\.", text)
+    assert found is not None, text
+    [logged] = [r for r in caplog.records if found.group(1) in r.getMessage()]
+    assert "/srv/durable-bots/var/devchat.sqlite" in logged.getMessage()

@@ -20,6 +20,7 @@ from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place,
 from adapters.bridge.text import render_partial
 from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
+from adapters.slack import transport as slack_transport
 from adapters.slack._api import SlackPermanentError
 from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
@@ -549,3 +550,16 @@ def test_the_reconnect_backoff_doubles_and_never_passes_its_cap_even_with_jitter
     assert backoff_delay(2, 5.0, 0.999) > backoff_delay(2, 5.0, 0.0)  # jittered upward
     assert backoff_delay(1, 50.0, 0.999) == BACKOFF_CAP  # 50 s plus a quarter would pass the cap
     assert backoff_delay(30, 5.0, 0.5) == BACKOFF_CAP
+
+
+async def test_the_memory_of_plain_messages_is_bounded_and_a_forgotten_one_is_still_edited(
+    fake: FakeSlack, client: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slack_transport, "_PLAIN_MEMORY", 3, raising=False)
+    general = fake.add_channel("general")
+    transport = transport_for(fake, client)
+    channel = Place("slack", fake.team_id, general.id)
+    posted = [await transport.create(channel, f"answer {n}", f"reply:{n}#0", final=True) for n in range(10)]
+    assert len(transport._plain) == 3  # was one per message posted, for ever
+    await transport.edit(channel, posted[0], "answer 0, edited", "reply:0#0", final=True)  # long forgotten
+    assert fake.message(general, posted[0]).text == "answer 0, edited"
