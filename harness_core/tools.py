@@ -292,6 +292,24 @@ class Defer:
 
 
 @dataclass(frozen=True)
+class Detach:
+    """Do not run the call in this turn: it gets `result` as its tool result (not an error) at once, so the
+    run's turn ends and the conversation keeps taking messages. Used by approval gates, so a pending gate never
+    blocks its conversation.
+
+    The hook must already have committed the call's durable owner (e.g. a background task of the
+    conversation), which later runs the call once with `run_detached_tool` (the same intent-before-execute
+    and replay rules as `core.tool`) or drops it, and then commits the outcome as an entry of its own. The
+    model sees a consistent transcript: the call has exactly one tool result (this one); the later outcome is
+    a separate entry. The tool sees the same `ToolApi` (its `task_id` is the original call's task), except
+    that it may run long after the turn that asked for it. A hook that runs again after a crash must return
+    the same `Detach` without committing a second owner."""
+
+    result: str
+    details: Any = None
+
+
+@dataclass(frozen=True)
 class ToolCallInfo:
     call_id: str
     name: str

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from adapters.bridge.approvals import ApprovalPolicy, Approvals, Decision
+from adapters.bridge.approvals import Action, ApprovalPolicy, Approvals, ClickOrigin, Decision
 from adapters.bridge.delivery import Delivery, load_active
 from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.governor import RateGovernor
@@ -45,9 +45,12 @@ class Bridge:
         self.started = False
 
     def extension(self) -> Extension:
-        """Install this in the harness registry: approval gates, the `schedule` tool and its timer task."""
+        """Install this in the harness registry: approval gates (hook and gate task), the `schedule` tool and
+        its timer task."""
         gate = self.approvals.extension()
-        return Extension("bridge", tools=[schedule_tool(self)], hooks=list(gate.hooks), tasks=[ScheduledTask])
+        return Extension(
+            "bridge", tools=[schedule_tool(self)], hooks=list(gate.hooks), tasks=[ScheduledTask, *gate.tasks]
+        )
 
     def attach(self, transport: Transport) -> None:
         self.transports[transport.platform] = transport
@@ -91,11 +94,20 @@ class Bridge:
         *,
         user_id: str,
         user_name: str,
-        approve: bool,
+        action: Action,
         user_groups: Collection[str] | None = None,
+        origin: ClickOrigin | None = None,
     ) -> Decision:
+        """The one entry point for deciding a gate: `action` is approve | deny | withdraw; a platform click
+        passes the message it was made on as `origin` (it must be the gate's own message); an operator passes
+        none. The decision is committed when this returns: acknowledge the platform only then."""
         return await self.approvals.decide(
-            gate_id, user_id=user_id, user_name=user_name, approve=approve, user_groups=user_groups
+            gate_id,
+            user_id=user_id,
+            user_name=user_name,
+            action=action,
+            user_groups=user_groups,
+            origin=origin,
         )
 
     async def recorded_message_ids(self) -> set[str]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 from dataclasses import dataclass, field
@@ -35,10 +36,12 @@ from aiohttp import WSMsgType, web
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
+from adapters.bridge.approvals import GATE_TASK
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import DevchatTransport
-from harness_core import HarnessError, Publication
+from harness_core import HarnessError, Publication, Task
+from harness_core.messages import AssistantMessage
 
 log = logging.getLogger("adapters.devchat")
 
@@ -68,7 +71,14 @@ class Click(BaseModel):
     type: Literal["click"]
     name: str
     gate: int
-    approve: bool
+    action: Literal["approve", "deny", "withdraw"] | None = None
+    approve: bool | None = None  # older pages: true/false for approve/deny
+
+    @property
+    def verb(self) -> Literal["approve", "deny", "withdraw"]:
+        if self.action is not None:
+            return self.action
+        return "approve" if self.approve else "deny"
 
 
 class NewChannel(BaseModel):
@@ -88,10 +98,18 @@ Incoming = TypeAdapter(Annotated[Hello | Post | Click | NewChannel | Retry, Fiel
 REFUSALS = {
     "not_an_approver": "{name} is not an approver for this request",
     "self_approval": "you asked for this; another approver has to decide",
-    "already_decided": "already {status} by {by}",
+    "already_decided": "already {status} by {by}{at}",
+    "not_the_requester": "only the person who asked ({requester}) can withdraw it",
     "expired": "this request expired before your click",  # also when the gate had already expired
     "unknown_gate": "this approval request does not exist",
 }
+
+
+def _at(ms: int | None) -> str:
+    """ " at 14:02 UTC": the page shows local times itself; a notice text carries the zone it speaks."""
+    if not ms:
+        return ""
+    return " at " + dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%H:%M UTC")
 
 
 @dataclass(eq=False)
@@ -348,20 +366,28 @@ class DevchatServer:
         if card is None:  # only gates shown on devchat can be decided from devchat
             self._refuse(client, click.gate, REFUSALS["unknown_gate"])
             return
-        if self.options.approvers is not None and name not in self.options.approvers:
+        verb = click.verb
+        if verb != "withdraw" and self.options.approvers is not None and name not in self.options.approvers:
             self._refuse(client, click.gate, REFUSALS["not_an_approver"].format(name=name))
             return
-        decision = await self.bridge.decide(click.gate, user_id=name, user_name=name, approve=click.approve)
+        # The card was found by the gate's own key, so the click is on the gate's own message.
+        decision = await self.bridge.decide(click.gate, user_id=name, user_name=name, action=verb)
         if decision.accepted:
-            verb = "approved" if click.approve else "denied"
-            client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
+            done = {"approve": "approved", "deny": "denied", "withdraw": "withdrew"}[verb]
+            client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {done} it"})
             return
         reason = decision.reason or ""
         if reason == "already_decided" and decision.status == "expired":
             reason = "expired"  # nobody decided it: "already expired by someone" would be wrong
         template = REFUSALS.get(reason, "refused ({reason})")
+        gate = await self.bridge.harness.snapshot(ApprovalDoc, key=str(click.gate)) or {}
         text = template.format(
-            name=name, status=decision.status, by=decision.decided_by or "someone", reason=decision.reason
+            name=name,
+            status=decision.status,
+            by=decision.decided_by or "someone",
+            at=_at(decision.decided_at),
+            reason=decision.reason,
+            requester=(gate.get("requester") or {}).get("user_name") or "someone else",
         )
         self._refuse(client, click.gate, text)
 
@@ -422,8 +448,7 @@ class DevchatServer:
             if task.conversation_id not in places:
                 place_of = await harness.snapshot(PlaceOfDoc, task.conversation_id) or {}
                 places[task.conversation_id] = place_label(place_of.get("place"))
-            gate = gates.get(str(task.id))
-            label = task.kind if gate is None else f"{task.kind} {gate.get('tool')}"
+            label = await _task_label(harness, task, gates)
             tasks.append(
                 {
                     "id": task.id,
@@ -451,6 +476,33 @@ class DevchatServer:
             )
         approvals.sort(key=lambda a: (a["status"] != "pending", -(a["decided_at"] or 0), -a["gate"]))
         return {"scheduling": inspection.scheduling, "tasks": tasks, "approvals": approvals[:20]}
+
+
+TASK_LABELS = {
+    "core.generation": "answering",
+    "core.compaction": "summarizing older messages",
+    "bridge.scheduled": "reminder",
+}
+
+
+async def _task_label(harness: Any, task: Task, gates: dict[str, dict[str, Any]]) -> str:
+    """What a task is, in the reader's terms (no internal kind names on the page)."""
+    if task.kind == GATE_TASK:
+        gate = gates.get(str(task.input.get("gate"))) or {}
+        return f"approval #{task.input.get('gate')}: {gate.get('tool', 'tool')} waits for a decision"
+    if task.kind == "core.tool":
+        name = await _tool_name(harness, task)
+        return f"tool {name}" if name else "a tool"
+    return TASK_LABELS.get(task.kind, task.kind.rsplit(".", 1)[-1].replace("-", " "))
+
+
+async def _tool_name(harness: Any, task: Task) -> str | None:
+    entry = await harness.entry(int(task.input.get("assistant", 0) or 0))
+    for message in entry.model or () if entry is not None else ():
+        for call in message.tool_calls() if isinstance(message, AssistantMessage) else ():
+            if call.id == task.input.get("call_id"):
+                return str(call.name)
+    return None
 
 
 def _name(raw: str) -> str:

@@ -268,7 +268,7 @@ async def test_approve_by_the_configured_approver_runs_the_deploy_once(
         await expect(card).to_have_attribute("data-status", "approved")
         await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
         await expect(card.get_by_test_id("approve")).to_have_count(0)
-        answer = tab.bot().filter(has_text="Deployed payments 2.8.0 after approval")
+        answer = tab.bot().filter(has_text=f"Done: the deploy of payments 2.8.0 (request #{gate})")
         await expect(answer).to_have_attribute("data-final", "true")
         await expect(answer.get_by_test_id("text")).to_contain_text(
             f"accepted by the deploy webhook (HTTP 200, idempotency key deploy-{gate})"
@@ -334,11 +334,16 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
     await expect(running).to_have_count(0)
 
     await alice.say("deploy payments 2.8.0")  # waits for an approver
-    waiting = tasks.and_(alice.page.locator('[data-state="waiting"]')).filter(has_text="core.tool deploy")
+    waiting = tasks.and_(alice.page.locator('[data-state="waiting"]')).filter(
+        has_text="deploy waits for a decision"
+    )
     await expect(waiting).to_have_count(1)
     await expect(waiting).to_contain_text("#general")
+    # The turn ended: the answer says the deploy waits for an approver (the gate does not hold the channel).
+    asked = alice.bot().filter(has_text="it waits for an approver")
+    await expect(asked).to_have_attribute("data-final", "true")
 
-    # In #ops: #general's run is waiting for the approver, so a message there would queue behind it.
+    # In #ops, so #general's answers stay easy to tell apart (a pending gate does not block #general).
     bob = await open_tab(browser, bot, "bob", "ops")
     await bob.say("/call fragile {}")
     assert bot.process is not None
@@ -350,7 +355,7 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
     await alice.connected()
     parked = tasks.and_(alice.page.locator('[data-state="parked"]'))
     await expect(parked).to_have_count(1)
-    await expect(parked).to_contain_text("core.tool")
+    await expect(parked).to_contain_text("tool fragile")
     await expect(parked).to_contain_text("restarted 2 times")
     await expect(waiting).to_have_count(1)  # the deploy still waits, untouched by the crashes
     await expect(tasks.get_by_test_id("retry")).to_have_count(1)  # only a parked task can be retried

@@ -262,10 +262,12 @@ def test_approval_blocks_encode_the_gate_and_show_the_decision() -> None:
     assert [e["action_id"] for e in actions[0]["elements"]] == [
         "durable_bots_gate:approve:42",
         "durable_bots_gate:deny:42",
+        "durable_bots_gate:withdraw:42",
     ]
-    assert [e["value"] for e in actions[0]["elements"]] == ["42", "42"]
+    assert [e["value"] for e in actions[0]["elements"]] == ["42", "42", "42"]
     assert all(len(b["text"]["text"]) <= 3000 for b in blocks if b["type"] == "section")
-    assert parse_action("durable_bots_gate:deny:42") == (False, 42)
+    assert parse_action("durable_bots_gate:deny:42") == ("deny", 42)
+    assert parse_action("durable_bots_gate:withdraw:42") == ("withdraw", 42)
     assert parse_action("someone_elses_button") is None
     for status, shown in (
         ("approved", "Approved by boss"),
