@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 from dataclasses import dataclass, field
@@ -103,13 +102,6 @@ REFUSALS = {
     "expired": "this request expired before your click",  # also when the gate had already expired
     "unknown_gate": "this approval request does not exist",
 }
-
-
-def _at(ms: int | None) -> str:
-    """ " at 14:02 UTC": the page shows local times itself; a notice text carries the zone it speaks."""
-    if not ms:
-        return ""
-    return " at " + dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%H:%M UTC")
 
 
 @dataclass(eq=False)
@@ -385,14 +377,24 @@ class DevchatServer:
             name=name,
             status=decision.status,
             by=decision.decided_by or "someone",
-            at=_at(decision.decided_at),
+            at="",  # the page appends the time in the reader's clock (decided_at below)
             reason=decision.reason,
             requester=(gate.get("requester") or {}).get("user_name") or "someone else",
         )
-        self._refuse(client, click.gate, text)
+        self._refuse(
+            client, click.gate, text, decided_at=decision.decided_at if reason == "already_decided" else None
+        )
 
-    def _refuse(self, client: Client, gate: int, text: str) -> None:
-        client.send({"type": "notice", "level": "error", "gate": gate, "text": f"Refused: {text}"})
+    def _refuse(self, client: Client, gate: int, text: str, *, decided_at: int | None = None) -> None:
+        notice: dict[str, Any] = {
+            "type": "notice",
+            "level": "error",
+            "gate": gate,
+            "text": f"Refused: {text}",
+        }
+        if decided_at:
+            notice["decided_at"] = decided_at
+        client.send(notice)
 
     async def _new_channel(self, client: Client, request: NewChannel) -> None:
         name = _name(request.name)

@@ -267,7 +267,10 @@ async def test_approve_by_the_configured_approver_runs_the_deploy_once(
         card = tab.page.get_by_test_id("approval")
         await expect(card).to_have_attribute("data-status", "approved")
         await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
-        await expect(card.get_by_test_id("approve")).to_have_count(0)
+        await expect(card.get_by_test_id("approve")).to_be_disabled()  # kept, disabled, labelled
+        await expect(card.get_by_test_id("approval-who")).to_contain_text(
+            "asked by alice · may approve: lead"
+        )
         answer = tab.bot().filter(has_text=f"Done: the deploy of payments 2.8.0 (request #{gate})")
         await expect(answer).to_have_attribute("data-final", "true")
         await expect(answer.get_by_test_id("text")).to_contain_text(
@@ -371,3 +374,110 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
     assert ledger(bot.workdir) == ["fragile", "fragile", "fragile"]  # ran once more, to completion
     await expect(waiting).to_have_count(1)
     assert alice.errors == [] and bob.errors == []
+
+
+# --- approvals never silence a channel; the README tour, step by step -------------------------------------
+
+
+async def test_a_pending_deploy_does_not_keep_others_from_being_answered(
+    browser: Browser, bot: BotServer, webhook: Webhook
+) -> None:
+    alice = await open_tab(browser, bot, "alice", "ops")
+    bob = await open_tab(browser, bot, "bob", "ops")
+    carol = await open_tab(browser, bot, "carol", "ops")
+    lead = await open_tab(browser, bot, "lead", "ops")
+    await alice.say("deploy payments 2.8.0")
+    card = lead.page.get_by_test_id("approval")
+    await expect(card).to_have_attribute("data-status", "pending")
+    waiting = alice.bot().filter(has_text="it waits for an approver")
+    await expect(waiting).to_have_attribute("data-final", "true")
+
+    await bob.say("open a ticket for the slow search page")
+    await carol.say("hello there")
+    for tab in (bob, carol):  # answered while the deploy still waits (the default expect timeout: seconds)
+        await expect(tab.bot().filter(has_text="Done: Opened TICKET-1")).to_have_attribute(
+            "data-final", "true"
+        )
+        await expect(tab.bot().filter(has_text="Hi carol!")).to_have_attribute("data-final", "true")
+    await expect(card).to_have_attribute("data-status", "pending")
+    assert webhook.calls == []
+
+    await lead.page.get_by_test_id("approve").click()
+    report = alice.bot().filter(has_text="Done: the deploy of payments 2.8.0")
+    await expect(report).to_have_attribute("data-final", "true")
+    await expect(report).to_have_count(1)
+    # The report is posted after the card, not by editing a message above it.
+    texts = await alice.channel().all_inner_texts()
+    card_at = next(i for i, t in enumerate(texts) if "Approval #" in t)
+    assert any("Done: the deploy of payments 2.8.0" in t for t in texts[card_at + 1 :]), texts
+    assert len(webhook.calls) == 1
+
+
+async def test_the_readme_tour_step_by_step(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
+) -> None:
+    """README "A 5-minute tour", steps 1 to 4, as a newcomer follows them in one tab."""
+    bot = await start_bot(delay_ms=40)
+    # 1. Open the URL, type `alice` as your name, say `hello` in #general: the answer streams in.
+    me = await open_tab(browser, bot, "alice")
+    await me.say("hello")
+    await expect(me.bot()).to_have_attribute("data-final", "false")  # streaming
+    await expect(me.bot()).to_have_attribute("data-final", "true")
+
+    # 2. `checkout is throwing errors`: the bot searches the logs and suggests the fix; `deploy checkout 1.4.3`
+    # asks for it: an approval card in the channel and in the panel. Approve as alice: refused. Rename to
+    # `lead`, approve: the deploy runs once and the bot reports below the card.
+    await me.say("checkout is throwing errors")
+    suggestion = me.bot().filter(has_text="say `deploy checkout 1.4.3`")
+    await expect(suggestion).to_have_attribute("data-final", "true")
+    await me.say("deploy checkout 1.4.3")
+    card = me.page.get_by_test_id("approval")
+    await expect(card).to_have_attribute("data-status", "pending")
+    await expect(me.page.get_by_test_id("approvals").get_by_test_id("approval-row")).to_have_count(1)
+    await expect(me.bot().filter(has_text="it waits for an approver")).to_have_attribute("data-final", "true")
+    await card.get_by_test_id("approve").click()
+    await expect(card.get_by_test_id("approval-notice")).to_contain_text("alice is not an approver")
+    await rename(me, "lead")
+    await card.get_by_test_id("approve").click()
+    await expect(card).to_have_attribute("data-status", "approved")
+    report = me.bot().filter(has_text="Done: the deploy of checkout 1.4.3")
+    await expect(report).to_have_attribute("data-final", "true")
+    assert len(webhook.calls) == 1
+
+    # 3. Say `hello` again and kill -9 while it streams; start again: the same message is finished.
+    await me.say("hello")
+    streaming = me.bot().last
+    await expect(streaming).to_have_attribute("data-final", "false")
+    bubbles = await me.bot().count()
+    await bot.kill()
+    await bot.start()
+    await me.connected()
+    await expect(streaming).to_have_attribute("data-final", "true")
+    await expect(me.bot()).to_have_count(bubbles)
+
+    # 4. Back as alice: `deploy payments 2.8.0`, kill -9 while the card is pending, restart, approve as `lead`:
+    # it deploys exactly once; the card keeps disabled buttons labelled with who approved it and when.
+    await rename(me, "alice")
+    await me.say("deploy payments 2.8.0")
+    second = me.page.get_by_test_id("approval").filter(has_text="payments")
+    await expect(second).to_have_attribute("data-status", "pending")
+    await expect(me.bot().filter(has_text="deploy payments 2.8.0; it waits")).to_have_attribute(
+        "data-final", "true"
+    )
+    await bot.kill()
+    await bot.start()
+    await me.connected()
+    await rename(me, "lead")
+    await second.get_by_test_id("approve").click()
+    await expect(second.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
+    await expect(second.get_by_test_id("approve")).to_be_disabled()
+    await expect(me.bot().filter(has_text="Done: the deploy of payments 2.8.0")).to_have_count(1)
+    assert len(webhook.calls) == 2  # one per approved request, across two kills
+    assert me.errors == []
+
+
+async def rename(tab: Tab, name: str) -> None:
+    await tab.page.get_by_test_id("name-input").fill(name)
+    await tab.page.get_by_test_id("name-save").click()
+    await expect(tab.page.get_by_test_id("status")).to_have_text(f"connected as {name}")
+    tab.name = name

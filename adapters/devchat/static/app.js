@@ -199,6 +199,8 @@
         }, 2000);
         break;
       case 'notice':
+        // A decision time comes as a timestamp: shown in the reader's own clock, like every time on the page.
+        if (msg.decided_at) msg.text = `${msg.text} at ${clock(msg.decided_at)}`;
         if (msg.gate !== undefined && msg.gate !== null) {
           // Shown on the card while the request stays as it was when this page clicked.
           const card = Array.from(state.messages.values()).find((m) => m.gate && m.gate.gate_id === msg.gate);
@@ -260,10 +262,10 @@
     render();
   }
 
-  function click(gate, approve) {
+  function click(gate, action) {
     if (!requireName()) return;
     state.gateNotices.delete(gate);
-    if (!send({ type: 'click', name: state.name, gate, approve })) toast('Not connected; try again.', 'error');
+    if (!send({ type: 'click', name: state.name, gate, action })) toast('Not connected; try again.', 'error');
     render();
   }
 
@@ -390,29 +392,45 @@
       pending: 'Waiting for an approver',
       approved: `Approved by ${gate.decided_by} at ${clock(gate.decided_at)}`,
       denied: `Denied by ${gate.decided_by} at ${clock(gate.decided_at)}`,
+      withdrawn: `Withdrawn by ${gate.decided_by} at ${clock(gate.decided_at)} (not run)`,
       expired: `Expired at ${clock(gate.decided_at || gate.expires_at)} (not approved in time)`,
     }[gate.status] || gate.status;
+    const approvers = [...(gate.approvers || []), ...(gate.groups || []).map((g) => `group ${g}`)];
+    const pending = gate.status === 'pending';
     const card = el(
       'div',
       { class: `card ${gate.status}`, dataTestid: 'approval', dataStatus: gate.status, dataGate: String(gate.gate_id) },
-      el('p', { class: 'card-title' }, 'Approval needed: ', el('strong', { text: gate.tool })),
+      el('p', { class: 'card-title' }, `Approval #${gate.gate_id} needed: `, el('strong', { text: gate.tool })),
       el('pre', { class: 'args', dataTestid: 'approval-args', text: JSON.stringify(gate.arguments, null, 2) }),
       el('p', {
         class: 'muted',
-        text: `${gate.requester_name ? `asked by ${gate.requester_name} · ` : ''}expires ${clock(gate.expires_at)}`,
+        dataTestid: 'approval-who',
+        text: `${gate.requester_name ? `asked by ${gate.requester_name} · ` : ''}may approve: ${approvers.join(', ') || 'nobody'} · expires ${clock(gate.expires_at)}`,
       }),
       el('p', { class: 'card-status', dataTestid: 'approval-status', text: statusText }),
     );
-    if (gate.status === 'pending') {
-      card.append(
-        el(
-          'div',
-          { class: 'buttons', role: 'group', 'aria-label': `Decide ${gate.tool}` },
-          el('button', { type: 'button', class: 'approve', dataTestid: 'approve', onclick: () => click(gate.gate_id, true), text: 'Approve' }),
-          el('button', { type: 'button', class: 'deny', dataTestid: 'deny', onclick: () => click(gate.gate_id, false), text: 'Deny' }),
-        ),
-      );
-    }
+    // A decided card keeps its buttons, disabled and labelled by the status above, so it reads the same as
+    // before; a page that still shows them enabled gets "already approved by ..." privately on a click.
+    const button = (action, label, cls) =>
+      el('button', {
+        type: 'button',
+        class: cls,
+        dataTestid: action,
+        disabled: !pending,
+        'aria-disabled': String(!pending),
+        title: pending ? '' : statusText,
+        onclick: () => click(gate.gate_id, action),
+        text: label,
+      });
+    card.append(
+      el(
+        'div',
+        { class: 'buttons', role: 'group', 'aria-label': pending ? `Decide ${gate.tool}` : statusText },
+        button('approve', 'Approve', 'approve'),
+        button('deny', 'Deny', 'deny'),
+        button('withdraw', 'Withdraw', 'withdraw'),
+      ),
+    );
     if (notice) {
       card.append(el('p', { class: `card-notice ${notice.level}`, dataTestid: 'approval-notice', role: 'alert', text: notice.text }));
     }
