@@ -4,6 +4,12 @@ Phases: `call` validates the arguments, runs `before_tool` hooks, commits the in
 replay policy) and only then executes. `execute` is reached only by recovery after a crash mid-execution: the
 call runs again with the stored arguments only if both the stored intent and the current declaration say
 `replay="safe"`; otherwise the model gets an "interrupted" error result and decides.
+
+A `before_tool` hook may detach the call (`Detach`): the call gets the hook's text as its one tool result at
+once, so the round and the run's turn end (approval gates: a pending gate never blocks its conversation). The
+hook's own durable task runs the call later, once, with `run_detached_tool` under the same rules (intent
+committed before execute; an unsafe call interrupted by a crash is reported, never run twice) and commits its
+outcome as a separate entry.
 """
 
 from __future__ import annotations

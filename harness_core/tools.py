@@ -7,6 +7,9 @@ instead of a model argument. Return a `str` or a `ToolResult`.
 Replay: after a crash inside `execute`, a tool runs again only if it was declared `replay="safe"` both when its
 intent was committed and now. Everything else gets an "interrupted" error result and the model decides. A
 safe tool with external effects still needs an idempotency key of its own (derive it from `api.task_id`).
+
+A call a hook detached (`Detach`, e.g. behind an approval gate) runs later, in its owner's task, with the same
+`ToolApi` (`task_id` is still the call's own task) and the same replay rule; only the time differs.
 """
 
 from __future__ import annotations
