@@ -275,7 +275,7 @@ async def test_webhook_refusal_is_an_error_result_the_model_reports(tmp_path: Pa
             "payments is slow",
             "No fixed build is ready, so I opened a ticket: Opened TICKET-1: payments: ledger",
         ),
-        ("remind me in 5 minutes to check the dashboards", "Scheduled for "),
+        ("remind me in 5 minutes to check the dashboards", "Scheduled in 5 minutes (at "),
         ('/call search_logs {"pattern": "no space left"}', "`search_logs` returned:\n1 match(es)"),
         ("hello there", "Hi alice! I am the ops bot running the offline demo model"),
     ],

@@ -331,7 +331,7 @@ async def test_schedule_tool_fires_an_input_into_the_same_place(world_factory: A
         await asyncio.sleep(0.01)
         await world.settle()
     texts = world.platform.texts(CHANNEL)
-    assert texts[0].startswith("ok: Scheduled for")
+    assert texts[0].startswith("ok: Scheduled in 1 second (at ")
     assert texts[-1] == "time to check the deploy!"
 
 

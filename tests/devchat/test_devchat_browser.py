@@ -481,3 +481,62 @@ async def rename(tab: Tab, name: str) -> None:
     await tab.page.get_by_test_id("name-save").click()
     await expect(tab.page.get_by_test_id("status")).to_have_text(f"connected as {name}")
     tab.name = name
+
+
+async def box(locator: Locator) -> dict[str, float]:
+    found = await locator.bounding_box()
+    assert found is not None, f"{locator} is not rendered"
+    return found
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+async def test_the_page_is_usable_at_desktop_and_phone_width(
+    browser: Browser, bot: BotServer, width: int, tmp_path: Path
+) -> None:
+    context = await browser.new_context(viewport={"width": width, "height": 800})
+    page = await context.new_page()
+    tab = Tab(page, "alice")
+    await page.goto(f"{bot.url}#/general")
+    await page.get_by_test_id("name-input").fill("alice")
+    await page.get_by_test_id("name-save").click()  # shows a toast
+    await tab.connected()
+    await tab.say("deploy payments 2.8.0")
+    await expect(page.get_by_test_id("approval")).to_have_attribute("data-status", "pending")
+    await page.get_by_test_id("approve").click()  # refused: another (error) toast
+    await expect(page.get_by_test_id("notice").last).to_be_visible()
+    await page.screenshot(path=str(tmp_path / f"devchat-{width}.png"))
+    view = {"width": width, "height": 800}
+    for test_id in ("name-save", "status", "send", "composer-input"):
+        found = await box(page.get_by_test_id(test_id))
+        inside = found["x"] >= 0 and found["x"] + found["width"] <= view["width"] + 0.5
+        assert inside and found["y"] >= 0 and found["y"] + found["height"] <= view["height"], (test_id, found)
+    send = await box(page.get_by_test_id("send"))
+    for note in await page.get_by_test_id("notice").all():  # no toast over the Send button
+        other = await box(note)
+        overlaps = not (
+            other["x"] + other["width"] <= send["x"]
+            or send["x"] + send["width"] <= other["x"]
+            or other["y"] + other["height"] <= send["y"]
+            or send["y"] + send["height"] <= other["y"]
+        )
+        assert not overlaps, (other, send)
+    messages = await box(page.get_by_test_id("messages"))
+    assert messages["height"] >= 300, messages  # the chat is the page, not a 150 px strip
+    await context.close()
+
+
+async def test_while_the_bot_is_down_the_panel_says_it_is_not_live(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
+) -> None:
+    bot = await start_bot()
+    alice = await open_tab(browser, bot, "alice")
+    stale = alice.page.get_by_test_id("panel-stale")
+    await expect(stale).to_be_hidden()
+    await bot.kill()
+    await expect(stale).to_be_visible()
+    await expect(alice.page.get_by_test_id("panel")).to_have_attribute("data-stale", "true")
+    await expect(alice.page.get_by_test_id("status")).to_contain_text("bot unreachable")
+    await bot.start()
+    await alice.connected()
+    await expect(stale).to_be_hidden()
+    await expect(alice.page.get_by_test_id("panel")).to_have_attribute("data-stale", "false")

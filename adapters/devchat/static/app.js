@@ -145,7 +145,11 @@
       if (state.ws !== ws) return;
       state.ws = null;
       state.live = false;
-      setStatus('reconnecting', 'reconnecting…');
+      // What the panel shows is the last snapshot: while the bot is away it may say "running" for work that
+      // is not running. Mark it stale until the next snapshot arrives.
+      state.panelStale = true;
+      setStatus('reconnecting', 'bot unreachable, reconnecting…');
+      drawPanel();
       setTimeout(connect, state.backoff);
       state.backoff = Math.min(state.backoff * 2, MAX_BACKOFF_MS);
     });
@@ -210,6 +214,7 @@
         break;
       case 'panel':
         state.panel = msg;
+        state.panelStale = false;  // a fresh snapshot from the bot
         break;
       case 'error':
         toast(msg.text, 'error');
@@ -364,7 +369,7 @@
       el('span', { class: 'author', dataTestid: 'author', text: message.author }),
       message.kind === 'human' ? null : el('span', { class: 'badge', text: 'bot' }),
       el('time', { dateTime: new Date(message.created_at).toISOString(), text: clock(message.created_at) }),
-      message.edited_at && message.kind === 'bot' && message.final ? el('span', { class: 'muted', text: '(edited)' }) : null,
+      null,  // a bot answer is edited as it streams: that is not an edit a reader needs to be told about
     );
     const body =
       message.kind === 'approval' && message.gate
@@ -529,6 +534,9 @@
 
   function drawPanel() {
     const panel = state.panel;
+    const aside = $('panel');
+    aside.dataset.stale = state.panelStale ? 'true' : 'false';
+    $('panel-stale').hidden = !state.panelStale;
     $('scheduling').textContent = panel.scheduling ? `(${panel.scheduling})` : '';
     const tasks = panel.tasks || [];
     reconcile(
@@ -597,6 +605,7 @@
       if (!name) return;
       state.name = name;
       saved.set(NAME_KEY, name);
+      state.gateNotices.clear();  // a refusal was for the previous name; it no longer applies
       if (state.live) setStatus('connected', `connected as ${name}`);
       toast(`You are ${name}.`, 'info');
       render();
