@@ -194,7 +194,11 @@ async def test_demo_incident_suggests_a_deploy_and_only_an_explicit_request_asks
         assert gate["requester"] == {"user_id": "U-alice", "user_name": "alice"}
         assert not hook.called, "nothing is deployed before an approver decides"
         waiting = (await bot.answers_when(5))[-1]
-        assert waiting.startswith("I asked to deploy checkout 1.4.3; it waits for an approver")
+        # The explanation streamed before the gated call stays visible above the answer.
+        assert waiting.startswith(
+            "Requesting a deploy of checkout 1.4.3; it runs only after an approver clicks Approve.\n\n"
+            "I asked to deploy checkout 1.4.3; it waits for an approver"
+        )
         assert f"request #{gate_id}; may approve: U-lead" in waiting
 
         refused = await bot.runtime.bridge.decide(

@@ -136,7 +136,8 @@ async def test_approval_flow_survives_a_kill_at_every_step(
     assert approval_messages(fake, ops) == [request]  # asked once
     assert not any(b.get("type") == "actions" for b in fake.message(ops, request.ts).blocks or [])
     answers = [m.text for m in replies_of_bot(fake, ops)]
-    assert answers == ["The deploy of api waits for approval.", report]  # the report once, after the card
+    # The explanation streamed before the gated call stays above the answer; the report once, after the card.
+    assert answers == ["Deploying api once approved.\n\nThe deploy of api waits for approval.", report]
     assert all(d.acked for d in post.deliveries)
     assert not [e for e in fake.ephemerals if e.user == people.carol.id]
 

@@ -113,7 +113,10 @@ async def test_http_retries_are_deduplicated_and_clicks_work_over_http(
     await fake.wait_for(
         lambda: (
             [m.text for m in replies_of_bot(fake, ops)]
-            == ["The deploy of api waits for approval.", "deploy finished: deployed api"]
+            == [
+                "Deploying api once approved.\n\nThe deploy of api waits for approval.",
+                "deploy finished: deployed api",
+            ]
         ),
         10,
     )
