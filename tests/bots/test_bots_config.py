@@ -184,3 +184,15 @@ def test_shipped_configs_are_valid(name: str, capsys: pytest.CaptureFixture[str]
     finally:
         os.chdir(cwd)
     assert "OK" in capsys.readouterr().out
+
+
+def test_check_config_names_every_missing_slack_secret_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "bot.toml"
+    path.write_text('[approvals]\napprovers = ["U1"]\n[adapters.slack]\nmode = "socket"\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "SLACK_BOT_TOKEN is not set" in out and "SLACK_APP_TOKEN is not set" in out  # both, in one run
