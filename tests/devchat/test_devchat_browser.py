@@ -540,3 +540,50 @@ async def test_while_the_bot_is_down_the_panel_says_it_is_not_live(
     await alice.connected()
     await expect(stale).to_be_hidden()
     await expect(alice.page.get_by_test_id("panel")).to_have_attribute("data-stale", "false")
+
+
+LONG_TASKS = """
+() => {
+  window.__long = [];
+  new PerformanceObserver((list) => {
+    for (const entry of list.getEntries()) window.__long.push(Math.round(entry.duration));
+  }).observe({ type: 'longtask', buffered: false });
+}
+"""
+
+
+async def test_a_channel_of_5000_messages_keeps_a_bounded_window_in_the_page(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
+) -> None:
+    bot = await start_bot(delay_ms=20)
+    await bot.stop()
+    now = 1_700_000_000_000
+    with sqlite3.connect(bot.workdir / "devchat.sqlite") as db:  # an old, busy channel (bot posts: no intake)
+        db.executemany(
+            "INSERT INTO messages (channel, thread, kind, author, text, key, final, created_at) "
+            "VALUES ('general', NULL, 'bot', 'ops-bot', ?, ?, 1, ?)",
+            [(f"old message {i}", f"seed:{i}", now + i) for i in range(5000)],
+        )
+    await bot.start()
+    alice = await open_tab(browser, bot, "alice")
+    shown = alice.page.locator('[data-testid="messages"] > [data-testid="message"]')
+    await expect(shown.last).to_contain_text("old message 4999")
+    assert await shown.count() == 200  # the newest window, not 5,000 nodes
+    earlier = alice.page.get_by_test_id("show-earlier")
+    await expect(earlier).to_have_text("Show earlier messages (4800 more)")
+
+    await alice.page.evaluate(LONG_TASKS)
+    await alice.say("hello")
+    await expect(alice.bot().last).to_have_attribute("data-final", "true")
+    await expect(alice.bot().last.get_by_test_id("text")).to_contain_text("offline demo model")
+    assert await shown.count() <= 202  # still a window: the question and the answer joined it
+    # Long tasks while the answer streamed, for the record (durations are not asserted: machines differ).
+    print(
+        "long tasks while streaming into a 5,000-message channel (ms):",
+        await alice.page.evaluate("window.__long"),
+    )
+
+    await earlier.click()
+    await expect(shown).to_have_count(400)  # 200 more of the 5,002
+    await expect(earlier).to_have_text("Show earlier messages (4602 more)")
+    assert alice.errors == []

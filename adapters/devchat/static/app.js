@@ -7,6 +7,7 @@
   const CHANNEL_KEY = 'devchat.channel';
   const PENDING_KEY = 'devchat.pending';
   const MAX_BACKOFF_MS = 2000;
+  const WINDOW = 200; // top-level messages of a channel kept in the DOM; older ones on request
 
   const $ = (id) => document.getElementById(id);
 
@@ -50,6 +51,7 @@
     gateNotices: new Map(), // gate id -> {level, text}: answers to this page's own clicks
     renderQueued: false,
     stickToBottom: true,
+    shown: WINDOW, // newest top-level messages of the channel kept in the DOM
   };
 
   // --- small helpers ---------------------------------------------------------------------------------------
@@ -114,6 +116,7 @@
   function go(channel, thread) {
     const hash = `#/${encodeURIComponent(channel)}${thread ? '/' + thread : ''}`;
     if (location.hash !== hash) history.replaceState(null, '', hash);
+    if (state.channel !== channel) state.shown = WINDOW;
     state.channel = channel;
     state.thread = thread || null;
     saved.set(CHANNEL_KEY, channel);
@@ -301,13 +304,17 @@
 
   // --- rendering --------------------------------------------------------------------------------------------
 
+  // One draw per animation frame at most: a streamed answer changes many times a second, and each draw only
+  // touches the window of messages on screen (see WINDOW), so a long channel streams as smoothly as a new one.
   function render() {
     if (state.renderQueued) return;
     state.renderQueued = true;
-    queueMicrotask(() => {
+    const run = () => {
       state.renderQueued = false;
       draw();
-    });
+    };
+    if (document.hidden) queueMicrotask(run);
+    else requestAnimationFrame(run);
   }
 
   // Keep one DOM node per key, in order; rebuild a node's content only when its signature changed.
@@ -345,6 +352,28 @@
     return Array.from(state.pending.values()).filter(
       (p) => p.channel === channel && (p.thread || null) === thread && !state.byClient.has(p.client_id),
     );
+  }
+
+  function earlierItem(hidden) {
+    return {
+      key: 'earlier',
+      signature: String(hidden),
+      fill: (node) => {
+        node.className = 'earlier';
+        put(
+          node,
+          el('button', {
+            type: 'button',
+            dataTestid: 'show-earlier',
+            onclick: () => {
+              state.shown += WINDOW;
+              render();
+            },
+            text: `Show earlier messages (${hidden} more)`,
+          }),
+        );
+      },
+    };
   }
 
   function messageItem(message, replies, options) {
@@ -505,12 +534,15 @@
     }[mode] || '';
     $('composer-input').placeholder = `Message #${state.channel}${hint ? ` — ${hint}` : ''}`;
 
-    // the channel
+    // the channel: only the newest `state.shown` messages are in the DOM; older ones on request
     const messages = Array.from(state.messages.values()).sort((a, b) => a.id - b.id);
     const top = messages.filter((m) => m.channel === state.channel && m.thread === null);
+    const hidden = Math.max(0, top.length - state.shown);
     drawList(
       $('messages'),
-      top.map((m) => messageItem(m, counts.get(m.id) || 0, { top: true })).concat(pendingIn(state.channel, null).map(pendingItem)),
+      (hidden ? [earlierItem(hidden)] : [])
+        .concat(top.slice(hidden).map((m) => messageItem(m, counts.get(m.id) || 0, { top: true })))
+        .concat(pendingIn(state.channel, null).map(pendingItem)),
     );
 
     // the open thread
