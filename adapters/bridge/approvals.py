@@ -359,15 +359,15 @@ class Approvals:
                 # wake): the click is still too late. Mark it expired now; the task reports it.
                 doc.value["status"] = "expired"
                 doc.value["decided_at"] = tx.now
-                if task_id is not None:
-                    await harness.wake_task(tx, int(task_id))
+                await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
                 return Decision(False, "expired", reason="expired", decided_at=tx.now)
             doc.value["status"] = _STATUS_OF[action]
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id
             doc.value["decided_at"] = tx.now
-            if task_id is not None:
-                await harness.wake_task(tx, int(task_id))
+            # A gate asked by an earlier version has no gate task yet: its tool task still waits in the hook,
+            # which creates the gate task when woken.
+            await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
             return Decision(True, str(doc.value["status"]), user_name, decided_at=tx.now)
 
         decision = await harness.commit(commit)
