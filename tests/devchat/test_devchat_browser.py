@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class Webhook:
 
     url: str = ""
     calls: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+    kill_pid: int | None = None  # SIGKILL this process when a deploy arrives (a crash inside the tool)
 
 
 @pytest.fixture
@@ -87,6 +89,9 @@ async def webhook() -> AsyncIterator[Webhook]:
 
     async def deploy(request: web.Request) -> web.Response:
         hook.calls.append((dict(request.headers), await request.json()))
+        if hook.kill_pid is not None:
+            os.kill(hook.kill_pid, signal.SIGKILL)
+            hook.kill_pid = None
         return web.json_response({"deployment": f"dep-{len(hook.calls)}"})
 
     app = web.Application()
@@ -587,3 +592,32 @@ async def test_a_channel_of_5000_messages_keeps_a_bounded_window_in_the_page(
     await expect(shown).to_have_count(400)  # 200 more of the 5,002
     await expect(earlier).to_have_text("Show earlier messages (4602 more)")
     assert alice.errors == []
+
+
+async def test_sigkill_inside_an_approved_deploy_reports_it_once_and_never_deploys_twice(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
+) -> None:
+    bot = await start_bot()
+    alice = await open_tab(browser, bot, "alice", "ops")
+    lead = await open_tab(browser, bot, "lead", "ops")
+    await alice.say("deploy payments 2.8.0")
+    card = lead.page.get_by_test_id("approval")
+    await expect(card).to_have_attribute("data-status", "pending")
+    assert bot.process is not None
+    webhook.kill_pid = bot.process.pid  # the deploy reaches the webhook, and the bot dies right there
+    await lead.page.get_by_test_id("approve").click()
+    assert await bot.process.wait() == -9
+    assert len(webhook.calls) == 1
+
+    await bot.start()
+    await lead.connected()
+    report = lead.bot().filter(has_text="the bot restarted while it ran")
+    await expect(report).to_have_attribute("data-final", "true")
+    await expect(report).to_have_count(1)
+    await expect(report).to_contain_text("The deploy of payments 2.8.0")
+    await bot.kill()  # and once more, after the report: nothing is run or reported again
+    await bot.start()
+    await lead.connected()
+    await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
+    await expect(lead.bot().filter(has_text="The deploy of payments 2.8.0")).to_have_count(1)
+    assert len(webhook.calls) == 1  # not deployed twice
