@@ -428,6 +428,7 @@ async def test_the_readme_tour_step_by_step(
     await me.say("hello")
     await expect(me.bot()).to_have_attribute("data-final", "false")  # streaming
     await expect(me.bot()).to_have_attribute("data-final", "true")
+    await expect(me.bot()).not_to_contain_text("(edited)")  # streaming is not editing
 
     # 2. `checkout is throwing errors`: the bot searches the logs and suggests the fix; `deploy checkout 1.4.3`
     # asks for it: an approval card in the channel and in the panel. Approve as alice: refused. Rename to
@@ -443,6 +444,7 @@ async def test_the_readme_tour_step_by_step(
     await card.get_by_test_id("approve").click()
     await expect(card.get_by_test_id("approval-notice")).to_contain_text("alice is not an approver")
     await rename(me, "lead")
+    await expect(card.get_by_test_id("approval-notice")).to_have_count(0)  # alice's refusal is not lead's
     await card.get_by_test_id("approve").click()
     await expect(card).to_have_attribute("data-status", "approved")
     report = me.bot().filter(has_text="Done: the deploy of checkout 1.4.3")
