@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
@@ -19,7 +21,7 @@ from adapters.bridge import Bridge, GateView, MessageGone, Place, RateGovernor, 
 from adapters.bridge.text import render_partial
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
-from adapters.slack.blocks import approval_blocks, parse_action
+from adapters.slack.blocks import action_id, approval_blocks, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
@@ -400,3 +402,25 @@ def test_the_reconnect_backoff_doubles_and_never_passes_its_cap_even_with_jitter
     assert backoff_delay(2, 5.0, 0.999) > backoff_delay(2, 5.0, 0.0)  # jittered upward
     assert backoff_delay(1, 50.0, 0.999) == BACKOFF_CAP  # 50 s plus a quarter would pass the cap
     assert backoff_delay(30, 5.0, 0.5) == BACKOFF_CAP
+
+
+NEAR_MISSES = st.builds(
+    lambda verb, tail: f"durable_bots_gate:{verb}:{tail}",
+    st.sampled_from(["approve", "deny", "withdraw", "Approve", "", "approve:1"]),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=80), NEAR_MISSES))
+def test_parse_action_takes_only_its_own_action_ids_whatever_a_click_carries(raw: str) -> None:
+    parsed = parse_action(raw)
+    if parsed is not None:
+        verb, gate = parsed
+        head, _, digits = raw.rpartition(":")
+        assert head == f"durable_bots_gate:{verb}" and digits.isdigit() and int(digits) == gate
+
+
+@given(st.sampled_from(["approve", "deny", "withdraw"]), st.integers(min_value=0, max_value=2**53))
+def test_action_ids_round_trip(verb: str, gate: int) -> None:
+    assert parse_action(action_id(verb, gate)) == (verb, gate)
