@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from aiohttp import WSMsgType, web
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from adapters.bridge import ApprovalDoc, Bridge, Place, PlaceOfDoc
 from adapters.bridge.approvals import GATE_TASK
@@ -72,6 +72,12 @@ class Click(BaseModel):
     gate: int
     action: Literal["approve", "deny", "withdraw"] | None = None
     approve: bool | None = None  # older pages: true/false for approve/deny
+
+    @model_validator(mode="after")
+    def _says_what(self) -> Click:
+        if self.action is None and self.approve is None:
+            raise ValueError("a click needs an action: approve, deny or withdraw")
+        return self
 
     @property
     def verb(self) -> Literal["approve", "deny", "withdraw"]:
