@@ -5,9 +5,11 @@ in it, the tools offered), so a restarted process that resends a request gets th
 durable harness needs from a model in tests and demos. What it does, by the last user message:
 
 - an incident ("checkout is throwing errors", "payments is slow"): `search_logs` → reads the matches → if a
-  fixed build of the failing service is ready, explains and calls `deploy` (which waits for an approver's
-  click) → reports the deploy, the denial or the expiry; with no fix ready it calls `open_ticket` instead;
-- "deploy checkout 1.4.3": `deploy` straight away (still gated);
+  fixed build of the failing service is ready, explains and suggests the deploy (it never deploys on its own);
+  with no fix ready it calls `open_ticket` instead;
+- "deploy checkout 1.4.3", and only that: `deploy` (gated: the call's result says it awaits approval, so the
+  turn ends and the channel goes on); the decision arrives later as a message of its own ("(approval #12)
+  ..."), which is reported: the deploy's result, or a denial, expiry or withdrawal as what it is;
 - "open a ticket for ...": `open_ticket`; "remind me in 2 minutes to ...": `schedule`;
 - "what did we say about checkout earlier?": `search_history` (whose subagent calls `lookup_conversations`);
 - `/call <tool> {json}`: calls any enabled tool by hand (handy for trying tools);
@@ -116,6 +118,8 @@ def respond(request: ModelRequest) -> AssistantMessage:
         )
     first = user_text(messages[users[0]])  # type: ignore[arg-type]
     raw = user_text(messages[users[-1]])  # type: ignore[arg-type]
+    if raw.startswith(GATE_OUTCOME_PREFIX):
+        return faux_assistant(_gate_outcome(raw))
     speaker, _, text = raw.partition(": ")
     if not text:
         speaker, text = "", raw
@@ -342,11 +346,10 @@ def _incident(turn: Turn) -> AssistantMessage:
         release = findings.releases.get(service)
         if release is not None and "deploy" in turn.tools:
             version, what = release
-            return turn.call(
-                "deploy",
-                {"service": service, "version": version},
-                f"{summary} Build {service} {version} is ready and should fix it ({what}). I am requesting a "
-                f"deploy of {service} {version}; it runs only after an approver clicks Approve.",
+            # Deploys happen only on an explicit request: suggest it, never start one from a log search.
+            return faux_assistant(
+                f"{summary} Build {service} {version} is ready and should fix it ({what}). To deploy it, say "
+                f"`deploy {service} {version}`: an approver then has to click Approve."
             )
         if "open_ticket" in turn.tools:
             title = f"{service}: {common}"[:80]
@@ -385,6 +388,13 @@ def _explicit_deploy(turn: Turn, service: str, version: str) -> AssistantMessage
 
 def _deploy_report(result: ToolResultMessage, service: str, version: str) -> str:
     text = _plain(result)
+    if not result.is_error and "awaits approval" in text:
+        waiting = re.search(r"\((request #\d+; may approve: [^;]*); expires ([^)]*)\)", text)
+        detail = f" ({waiting.group(1)}; it expires {waiting.group(2)})" if waiting else ""
+        return (
+            f"I asked to deploy {service} {version}; it waits for an approver{detail}. I will report here "
+            "once it is decided. Meanwhile, ask me anything."
+        )
     if not result.is_error:
         return (
             f"Deployed {service} {version} after approval. {text} I will watch the logs for the next few "
@@ -397,13 +407,58 @@ def _deploy_report(result: ToolResultMessage, service: str, version: str) -> str
     return _failure(result)
 
 
+GATE_OUTCOME_PREFIX = "(approval #"
+_GATE_OUTCOME = re.compile(
+    r"^\(approval #(?P<gate>\d+)\) `(?P<call>[^`]*)` (?P<how>was approved by (?P<approver>.+?) and "
+    r"(?P<ran>ran|failed)\. Result: (?P<result>.*)|was denied by (?P<denier>.+?);.*|expired without a "
+    r"decision.*|was withdrawn by (?P<withdrawer>.+?);.*)$",
+    re.DOTALL,
+)
+
+
+def _gate_outcome(raw: str) -> str:
+    """Report a decided approval (a turn of its own): what was asked, and what came of it, as it is."""
+    found = _GATE_OUTCOME.match(raw)
+    if found is None:
+        return f"An approval was decided: {raw}"
+    words = found.group("call").split()
+    tool, args = words[0], dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    what = f"the deploy of {args.get('service', '?')} {args.get('version', '')}".rstrip()
+    if tool != "deploy":
+        what = f"`{found.group('call')}`"
+    ref = f"(request #{found.group('gate')})"
+    if found.group("denier"):
+        return (
+            f"{what[:1].upper()}{what[1:]} {ref} was denied by {found.group('denier')}, so nothing was run."
+        )
+    if found.group("withdrawer"):
+        return f"{found.group('withdrawer')} withdrew {what} {ref}; nothing was run."
+    if found.group("approver") is None:
+        return f"Nobody approved {what} {ref} in time (the request expired), so nothing was run."
+    result = found.group("result").strip()
+    if found.group("ran") == "ran":
+        done = f"Done: {what} {ref} was approved by {found.group('approver')} and ran. {result}"
+        if tool == "deploy":
+            done += " I will watch the logs for a while; if the errors continue, ask me to look again."
+        return done
+    if "was interrupted" in result:
+        return (
+            f"{what[:1].upper()}{what[1:]} {ref} was approved by {found.group('approver')}, but the bot "
+            "restarted while it ran, so I cannot tell whether it took effect. I will not repeat it blindly: "
+            "please check before asking again."
+        )
+    return (
+        f"{what[:1].upper()}{what[1:]} {ref} was approved by {found.group('approver')} but failed: {result}"
+    )
+
+
 def _help(turn: Turn) -> str:
     hello = f"Hi {turn.speaker}! " if turn.speaker else "Hi! "
     lines: Sequence[str] = (
         hello + "I am the ops bot running the offline demo model (faux:demo): a scripted stand-in for a real "
         "LLM, so all of this works without an API key. Things to try:",
-        '- "checkout is throwing errors": I search the logs, propose a deploy that an approver must click, '
-        "then deploy and report.",
+        '- "checkout is throwing errors": I search the logs and suggest a fix; "deploy checkout 1.4.3" asks '
+        "for the deploy, which an approver must click before it runs; I report the outcome here.",
         '- "open a ticket for the slow search page"',
         '- "remind me in 1 minute to check the dashboards"',
         '- "what did we say about checkout earlier?": a helper agent searches past conversations.',

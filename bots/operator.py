@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO
 
 from adapters.bridge import ApprovalDoc, PlaceOfDoc
+from adapters.bridge.approvals import GATE_TASK
 from adapters.redact import redact_url
 from bots.admin import is_loopback
 from bots.config import BotConfig, ConfigError, Problem
@@ -85,12 +86,16 @@ async def gather_tasks(runtime: Runtime) -> tuple[str, list[dict[str, Any]], lis
     for item in inspection.tasks:
         task = item.record
         call = await tool_call_of(runtime.harness, task)
+        tool, arguments = (call.name, call.arguments) if call else (None, None)
+        if task.kind == GATE_TASK:  # a detached gated call waiting for its decision: name what it will run
+            gate = await runtime.harness.snapshot(ApprovalDoc, key=str(task.input.get("gate"))) or {}
+            tool, arguments = gate.get("tool"), gate.get("arguments")
         tasks.append(
             {
                 "id": task.id,
                 "kind": task.kind,
-                "tool": call.name if call else None,
-                "arguments": call.arguments if call else None,
+                "tool": tool,
+                "arguments": arguments,
                 "state": item.state,
                 "reason": item.reason,
                 "waiting_on": item.waiting_on,

@@ -83,7 +83,11 @@ async def cancel(harness: Harness, task_id: int) -> Outcome:
 async def decide(bridge: Bridge, gate_id: int, approve: bool, name: str) -> Outcome:
     who = operator_label(name)
     decision = await bridge.decide(
-        gate_id, user_id=f"operator:{name}", user_name=who, approve=approve, operator=True
+        gate_id,
+        user_id=f"operator:{name}",
+        user_name=who,
+        action="approve" if approve else "deny",
+        operator=True,
     )
     if decision.accepted:
         return "done", {"message": f"gate {gate_id} {decision.status} by {who}", "status": decision.status}

@@ -9,7 +9,7 @@ from harness_core._compaction import CompactionTask
 from harness_core._generation import GenerationTask
 from harness_core._inbox import Input, Write
 from harness_core._session import DocPublication, Publication
-from harness_core._tool_task import ToolTask
+from harness_core._tool_task import ToolTask, detached_intent, run_detached_tool
 from harness_core._tx import Tx
 from harness_core.agent import UNSET, AgentChange, ExtensionEdit, ResolvedAgent, ToolFilter
 from harness_core.context import ContextView, derive_context, replay_system
@@ -85,6 +85,7 @@ from harness_core.tasks import (
 from harness_core.tools import (
     Block,
     Defer,
+    Detach,
     OutputLimits,
     Rewrite,
     ToolApi,
@@ -120,6 +121,7 @@ __all__ = [
     "ConversationHandle",
     "ConversationWatch",
     "Defer",
+    "Detach",
     "DocDefinition",
     "DocDraft",
     "DocPublication",
@@ -192,10 +194,12 @@ __all__ = [
     "define_doc",
     "define_task",
     "derive_context",
+    "detached_intent",
     "hook",
     "log_context",
     "log_ids",
     "replay_system",
+    "run_detached_tool",
     "section",
     "tool",
     "watch_events",

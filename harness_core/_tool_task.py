@@ -4,6 +4,12 @@ Phases: `call` validates the arguments, runs `before_tool` hooks, commits the in
 replay policy) and only then executes. `execute` is reached only by recovery after a crash mid-execution: the
 call runs again with the stored arguments only if both the stored intent and the current declaration say
 `replay="safe"`; otherwise the model gets an "interrupted" error result and decides.
+
+A `before_tool` hook may detach the call (`Detach`): the call gets the hook's text as its one tool result at
+once, so the round and the run's turn end (approval gates: a pending gate never blocks its conversation). The
+hook's own durable task runs the call later, once, with `run_detached_tool` under the same rules (intent
+committed before execute; an unsafe call interrupted by a crash is reported, never run twice) and commits its
+outcome as a separate entry.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import copy
 import inspect
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness_core.documents import LiveDoc, UsageDoc
@@ -21,10 +28,12 @@ from harness_core.tasks import Aborted, Checkpoint, Complete, Fail, TaskRuntime,
 from harness_core.tools import (
     Block,
     Defer,
+    Detach,
     OutputLimits,
     Rewrite,
     ToolApi,
     ToolCallInfo,
+    ToolControl,
     ToolHookApi,
     ToolResult,
     ToolSpec,
@@ -212,6 +221,82 @@ async def _finish_with_error(
     await runtime.commit(commit)
 
 
+async def _finish_detached(runtime: TaskRuntime, task: Task, name: str, decision: Detach) -> None:
+    """The call is answered now with the hook's text (not an error), so the round and the run's turn can end;
+    the hook's own durable task runs it later (see `Detach`)."""
+    call_id = str(task.input["call_id"])
+
+    async def commit(tx: Tx, _task: Task) -> Complete:
+        entry_id = _result_entry(
+            tx,
+            task.conversation_id,
+            call_id,
+            name,
+            [TextContent(text=decision.result)],
+            is_error=False,
+            details=decision.details,
+        )
+        await _set_slot(
+            tx, task.conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
+        )
+        return Complete({"entry_id": entry_id, "detached": True})
+
+    await runtime.commit(commit)
+
+
+def detached_intent(call: ToolCallInfo, *, task_id: int) -> dict[str, Any]:
+    """What a detached call's owner stores before it runs the call: the final arguments and the replay policy
+    the tool declares now (with the call's identity). Commit it in the owner's checkpoint *before*
+    `run_detached_tool(..., recovering=False)`, exactly as `core.tool` commits its intent before execute."""
+    return {
+        "tool": call.name,
+        "arguments": copy.deepcopy(call.arguments),
+        "replay": call.spec.replay if call.spec is not None else "unsafe",
+        "call_id": call.call_id,
+        "assistant": call.assistant_entry_id,
+        "task_id": task_id,
+    }
+
+
+async def run_detached_tool(runtime: TaskRuntime, intent: dict[str, Any], *, recovering: bool) -> ToolResult:
+    """Run a call that a `before_tool` hook detached (`Detach`), inside its owner task, once.
+
+    `intent` comes from `detached_intent` and must already be committed in the owner's checkpoint. With
+    `recovering=True` (the owner's checkpoint says it was executing when the process died) the call runs
+    again only if the stored intent and the tool's current declaration both say `replay="safe"`; otherwise
+    nothing runs and the result is the "interrupted and may have partially run" error, as for `core.tool`.
+    The tool gets the same `ToolApi` as in a turn (`task_id` is the original call's task) and its
+    `after_tool` hooks run. Nothing is committed here: the owner commits the returned result as its outcome.
+    """
+    harness: Harness = runtime.harness
+    name = str(intent["tool"])
+    agent = await harness.resolve_agent(runtime.conversation_id)
+    spec = agent.tool(name)
+    if spec is None:
+        return ToolResult(content=f"Tool {name} is not available", is_error=True)
+    if recovering and not (intent.get("replay") == "safe" and spec.replay == "safe"):
+        return ToolResult(content=f"Tool {name} was interrupted and may have partially run", is_error=True)
+    try:
+        arguments = spec.validate(copy.deepcopy(dict(intent.get("arguments") or {})))
+    except ValueError as exc:
+        return ToolResult(content=f"invalid arguments for {name}: {exc}", is_error=True)
+    done = await _invoke(
+        runtime,
+        spec,
+        arguments,
+        int(intent.get("assistant", 0)),
+        call_id=str(intent["call_id"]),
+        task_id=int(intent["task_id"]),
+        stream_to_slot=False,
+    )
+    content = list(done.content)
+    if done.error is not None:
+        content.append(TextContent(text=f"{type(done.error).__name__}: {done.error}"))
+    if done.timed_out is not None:
+        content.append(TextContent(text=done.timed_out))
+    return ToolResult(content=content, is_error=done.is_error, details=done.details, usage=done.usage)
+
+
 async def _call_phase(task: Task, runtime: TaskRuntime) -> None:
     harness: Harness = runtime.harness
     name, raw_arguments, assistant_id, unparsed = await _call_details(harness, task)
@@ -252,6 +337,9 @@ async def _call_phase(task: Task, runtime: TaskRuntime) -> None:
             return
         if isinstance(decision, Defer):
             await runtime.commit(_defer_commit(decision.until))
+            return
+        if isinstance(decision, Detach):
+            await _finish_detached(runtime, task, name, decision)
             return
         if isinstance(decision, Rewrite):
             try:
@@ -298,11 +386,45 @@ async def _execute_phase(task: Task, runtime: TaskRuntime) -> None:
     )
 
 
+@dataclass
+class _Invoked:
+    """One finished execution, bounded and ready to commit."""
+
+    content: list[TextContent | ImageContent]
+    is_error: bool
+    error: Exception | None
+    details: Any
+    usage: Usage | None
+    duration_ms: int
+    diagnostics: list[dict[str, Any]]
+    control: ToolControl | None
+    timed_out: str | None = None  # past its time limit: the task fails with this message
+
+
 async def _execute(
     task: Task, runtime: TaskRuntime, spec: ToolSpec, arguments: dict[str, Any], assistant_id: int
 ) -> None:
-    harness: Harness = runtime.harness
     call_id = str(task.input["call_id"])
+    done = await _invoke(
+        runtime, spec, arguments, assistant_id, call_id=call_id, task_id=task.id, stream_to_slot=True
+    )
+    await _commit_result(runtime, task.conversation_id, call_id, spec.name, done)
+
+
+async def _invoke(
+    runtime: TaskRuntime,
+    spec: ToolSpec,
+    arguments: dict[str, Any],
+    assistant_id: int,
+    *,
+    call_id: str,
+    task_id: int,
+    stream_to_slot: bool,
+) -> _Invoked:
+    """Run the tool and its `after_tool` hooks; bound the result. Commits only streamed output (into the
+    call's live slot, when `stream_to_slot`)."""
+    harness: Harness = runtime.harness
+    conversation_id = runtime.conversation_id
     output = _Output(spec.output_limits)
     details_box: list[Any] = []
     interval = harness.settings.progress.output_interval_ms / 1000
@@ -314,16 +436,18 @@ async def _execute(
             text = output.retained()
 
             async def write(tx: Tx, _task: Task, text: str = text) -> None:
-                await _set_slot(tx, task.conversation_id, call_id, output=text)
+                await _set_slot(tx, conversation_id, call_id, output=text)
 
             await runtime.commit(write)
             await asyncio.sleep(interval)
 
     async def on_details(value: Any) -> None:
         details_box[:] = [value]
+        if not stream_to_slot:
+            return
 
         async def write(tx: Tx, _task: Task) -> None:
-            await _set_slot(tx, task.conversation_id, call_id, details=value)
+            await _set_slot(tx, conversation_id, call_id, details=value)
 
         await runtime.commit(write)
 
@@ -331,8 +455,8 @@ async def _execute(
     api = ToolApi(
         harness=harness,
         runtime=runtime,
-        task_id=task.id,
-        conversation_id=task.conversation_id,
+        task_id=task_id,
+        conversation_id=conversation_id,
         call_id=call_id,
         tool_name=spec.name,
         env=None,
@@ -348,8 +472,10 @@ async def _execute(
     started = time.monotonic()
     error: Exception | None = None
     result: ToolResult
-    flusher = asyncio.get_running_loop().create_task(flush_output(), name=f"tool-{task.id}-output")
-    run = harness.tool_runs.begin(task.id, spec.name)
+    flusher: asyncio.Task[None] | None = None
+    if stream_to_slot:
+        flusher = asyncio.get_running_loop().create_task(flush_output(), name=f"tool-{task_id}-output")
+    run = harness.tool_runs.begin(task_id, spec.name)
     deadline = asyncio.timeout(limit)
     try:
         api.env = await runtime.env()
@@ -364,8 +490,9 @@ async def _execute(
         result = ToolResult(content=None, is_error=True)
     finally:
         harness.tool_runs.end(run)
-        flusher.cancel()
-        await asyncio.gather(flusher, return_exceptions=True)
+        if flusher is not None:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
     duration_ms = int((time.monotonic() - started) * 1000)
     timed_out = _timed_out_message(spec, limit) if limit is not None and deadline.expired() else None
     if timed_out is not None:  # what the tool returned after its cancellation (if it did) does not count
@@ -398,7 +525,7 @@ async def _execute(
     result = ToolResult(
         content=content, is_error=result.is_error, details=details, usage=result.usage, control=result.control
     )
-    agent = await harness.resolve_agent(task.conversation_id)
+    agent = await harness.resolve_agent(conversation_id)
     info = ToolCallInfo(
         call_id=call_id, name=spec.name, arguments=arguments, spec=spec, assistant_entry_id=assistant_id
     )
@@ -431,29 +558,48 @@ async def _execute(
             bounded.append(TextContent(text=text))
         else:
             bounded.append(item)
-    control = result.control
-    usage = result.usage
+    return _Invoked(
+        content=bounded,
+        is_error=result.is_error or error is not None,
+        error=error,
+        details=result.details,
+        usage=result.usage,
+        duration_ms=duration_ms,
+        diagnostics=diagnostics,
+        control=result.control,
+        timed_out=timed_out,
+    )
+
+
+async def _add_usage(tx: Tx, conversation_id: int, tool_name: str, usage: Usage | None) -> None:
+    if usage is not None:
+        doc = await tx.doc(UsageDoc, conversation_id)
+        tools = doc.value.setdefault("tools", {})
+        tools[tool_name] = Usage.model_validate(tools.get(tool_name, {})).plus(usage).model_dump()
+
+
+async def _commit_result(
+    runtime: TaskRuntime, conversation_id: int, call_id: str, tool_name: str, done: _Invoked
+) -> None:
+    error, control, timed_out = done.error, done.control, done.timed_out
 
     async def commit(tx: Tx, _task: Task) -> Complete | Fail:
         entry_id = _result_entry(
             tx,
-            task.conversation_id,
+            conversation_id,
             call_id,
-            spec.name,
-            bounded,
-            is_error=result.is_error or error is not None,
-            details=result.details,
-            usage=usage,
-            duration_ms=duration_ms,
-            diagnostics=diagnostics,
+            tool_name,
+            done.content,
+            is_error=done.is_error,
+            details=done.details,
+            usage=done.usage,
+            duration_ms=done.duration_ms,
+            diagnostics=done.diagnostics,
         )
         await _set_slot(
-            tx, task.conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
+            tx, conversation_id, call_id, status="done", entry=entry_id, output=None, details=None
         )
-        if usage is not None:
-            doc = await tx.doc(UsageDoc, task.conversation_id)
-            tools = doc.value.setdefault("tools", {})
-            tools[spec.name] = Usage.model_validate(tools.get(spec.name, {})).plus(usage).model_dump()
+        await _add_usage(tx, conversation_id, tool_name, done.usage)
         if error is not None:
             return Fail(f"{type(error).__name__}: {error}", result={"entry_id": entry_id})
         if timed_out is not None:

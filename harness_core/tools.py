@@ -15,6 +15,8 @@ I/O, `time.sleep` or long CPU work in `async def` code (use `asyncio.to_thread` 
 in a thread check a stop flag so the work ends when the tool is cancelled), and it must let `CancelledError`
 propagate. A loop blocked anyway is reported by the harness's lag watchdog (a WARNING naming the tool).
 `api.time_limit` tells a tool its limit, e.g. to return partial results before it.
+A call a hook detached (`Detach`, e.g. behind an approval gate) runs later, in its owner's task, with the same
+`ToolApi` (`task_id` is still the call's own task) and the same replay rule; only the time differs.
 """
 
 from __future__ import annotations
@@ -311,6 +313,24 @@ class Defer:
     hooks run again. Used by approval gates: decide, memoize the decision, wake the task."""
 
     until: int | None = None
+
+
+@dataclass(frozen=True)
+class Detach:
+    """Do not run the call in this turn: it gets `result` as its tool result (not an error) at once, so the
+    run's turn ends and the conversation keeps taking messages. Used by approval gates, so a pending gate never
+    blocks its conversation.
+
+    The hook must already have committed the call's durable owner (e.g. a background task of the
+    conversation), which later runs the call once with `run_detached_tool` (the same intent-before-execute
+    and replay rules as `core.tool`) or drops it, and then commits the outcome as an entry of its own. The
+    model sees a consistent transcript: the call has exactly one tool result (this one); the later outcome is
+    a separate entry. The tool sees the same `ToolApi` (its `task_id` is the original call's task), except
+    that it may run long after the turn that asked for it. A hook that runs again after a crash must return
+    the same `Detach` without committing a second owner."""
+
+    result: str
+    details: Any = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The platform bridge: places to conversations, exactly-once intake, reconciled delivery, streaming,
 approval gates and scheduling, shared by the Slack, Discord and devchat adapters."""
 
-from adapters.bridge.approvals import ApprovalPolicy, Decision
+from adapters.bridge.approvals import ApprovalPolicy, ClickOrigin, Decision
 from adapters.bridge.bridge import Bridge
 from adapters.bridge.delivery import is_reply_key
 from adapters.bridge.docs import ApprovalDoc, MessageDoc, PlaceDoc, PlaceOfDoc, ReplyDoc
@@ -28,6 +28,7 @@ __all__ = [
     "Bridge",
     "BridgeConfig",
     "ChannelPolicy",
+    "ClickOrigin",
     "Decision",
     "DeleteRefused",
     "EditExpired",

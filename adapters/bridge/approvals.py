@@ -1,32 +1,69 @@
-"""Approval gates: a `before_tool` hook plus a memo, a durable wait, and authorization checked server-side.
+"""Approval gates: a `before_tool` hook that detaches the gated call, a durable gate task, and authorization
+checked server-side (DESIGN.md §5 "Approval gates", "A pending gate never blocks its conversation").
 
-The first time a gated call reaches the hook, an approval request is committed (`bridge.approval`, keyed by
-the tool task id) and the tool task waits durably (`Defer`) until it is woken or the request expires; it
-holds no invocation while a human decides, so a restart costs nothing. A click is checked against the
-request's approvers (user ids, user groups or roles; no self-approval unless allowed), committed first-writer
-wins, and wakes the task; the hook then memoizes the decision, so a decided call is never asked again, even
-after a crash. Expiry denies.
+The first time a gated call reaches the hook, one commit records the approval request (`bridge.approval`, keyed
+by the tool task id: that id is the gate id people see) and creates the gate task (`bridge.gate`, a background
+task of the conversation). The hook then answers the call at once with `Detach`: the model gets a result saying
+the call awaits approval (gate, approvers, expiry), the run's turn ends, and the conversation goes on taking and
+answering messages; several gates may be pending in one conversation.
+
+The gate task waits durably (no invocation, no memory) until a decision wakes it or the expiry passes. Approved,
+it commits the call's intent and runs the tool once (`run_detached_tool`: after a crash inside the tool a
+replay-unsafe tool is reported as "may have partially run", never run twice); denied, expired or withdrawn, it
+runs nothing. Either way one commit records the outcome and submits it as an input of its own (request id
+`gate:<id>`, so it is submitted once) whose answer is delivered where the request was made. The transcript stays
+consistent: the call's one tool result is the "awaits approval" note; the outcome is a later entry.
+
+A decision (`decide`, the single entry point for platform clicks and operators) is checked against the policy
+stored with the request (user ids, user groups or roles; no self-approval unless allowed; withdrawal only by
+the requester), must come from the gate's own message when it comes from a click, and is committed first-writer
+wins before the platform is acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
 import logging
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from adapters.bridge.delivery import pacing_key
 from adapters.bridge.docs import ApprovalDoc, PlaceOfDoc, ReplyDoc
 from adapters.bridge.model import Place, RetryLater, TransportError
 from adapters.bridge.transport import GateView, Transport
-from harness_core import Block, Defer, Extension, LiveDoc, Task, ToolCallInfo, ToolHookApi, Tx, hook
+from harness_core import (
+    Checkpoint,
+    Complete,
+    Detach,
+    Extension,
+    Input,
+    LiveDoc,
+    Task,
+    TaskRuntime,
+    ToolCallInfo,
+    ToolHookApi,
+    ToolResult,
+    Tx,
+    Wait,
+    define_task,
+    detached_intent,
+    hook,
+    run_detached_tool,
+)
+from harness_core.messages import TextContent
 
 if TYPE_CHECKING:
     from adapters.bridge.bridge import Bridge
 
 log = logging.getLogger("adapters.bridge")
+
+GATE_TASK = "bridge.gate"
+Action = Literal["approve", "deny", "withdraw"]
+_STATUS_OF: dict[str, str] = {"approve": "approved", "deny": "denied", "withdraw": "withdrawn"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +121,18 @@ class Decision:
     accepted: bool
     status: str  # the gate's status after the click
     decided_by: str | None = None
-    reason: str | None = None  # unknown_gate | already_decided | expired | not_an_approver | self_approval
+    reason: str | None = None
+    # unknown_gate | already_decided | expired | not_an_approver | self_approval | not_the_requester |
+    # wrong_message
+    decided_at: int | None = None  # ms, when the gate was decided (for "already approved by lead at 14:02")
+
+
+@dataclass(frozen=True)
+class ClickOrigin:
+    """The platform message a click was made on: a click counts only on the gate's own message."""
+
+    channel: str
+    message_id: str
 
 
 def gate_view(gate_id: int, gate: dict[str, Any]) -> GateView:
@@ -99,7 +147,59 @@ def gate_view(gate_id: int, gate: dict[str, Any]) -> GateView:
         decided_by=gate.get("decided_by"),
         decided_at=gate.get("decided_at"),
         expires_at=int(gate.get("expires_at", 0)),
+        approvers=tuple(gate.get("approvers") or ()),
+        groups=tuple(gate.get("groups") or ()),
     )
+
+
+def _utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def call_text(tool: str, arguments: dict[str, Any]) -> str:
+    """`deploy service=payments version=2.8.0`: what was asked for, as people and the model read it."""
+    args = " ".join(
+        f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items()
+    )
+    return f"{tool} {args}".strip()
+
+
+def who_may_approve(gate: dict[str, Any]) -> str:
+    names = [*(gate.get("approvers") or ()), *(f"group {g}" for g in gate.get("groups") or ())]
+    return ", ".join(names) or "nobody"
+
+
+def awaiting_text(gate_id: int, gate: dict[str, Any]) -> str:
+    """The tool result the model gets for a detached call."""
+    return (
+        f"Not run yet: `{call_text(str(gate['tool']), dict(gate.get('arguments') or {}))}` awaits approval "
+        f"(request #{gate_id}; may approve: {who_may_approve(gate)}; expires {_utc(int(gate['expires_at']))}). "
+        "It runs only if approved; the decision and its result will arrive later as a separate message. "
+        "Tell the requester it is waiting for approval; do not ask for it again."
+    )
+
+
+def outcome_text(gate_id: int, gate: dict[str, Any], result: ToolResult | None) -> str:
+    """The input that reports a decided gate to the model (a turn of its own)."""
+    call = call_text(str(gate["tool"]), dict(gate.get("arguments") or {}))
+    status = gate.get("status")
+    head = f"(approval #{gate_id}) `{call}`"
+    if status == "approved":
+        assert result is not None
+        content = result.content
+        if isinstance(content, str):
+            text = content
+        else:
+            text = "\n".join(c.text for c in content or [] if isinstance(c, TextContent))
+        verdict = "failed" if result.is_error else "ran"
+        return (
+            f"{head} was approved by {gate.get('decided_by')} and {verdict}. Result: {text or '(no output)'}"
+        )
+    if status == "expired":
+        return f"{head} expired without a decision; it did not run."
+    if status == "withdrawn":
+        return f"{head} was withdrawn by {gate.get('decided_by')}; it did not run."
+    return f"{head} was denied by {gate.get('decided_by')}; it did not run."
 
 
 @dataclass
@@ -115,12 +215,15 @@ class Approvals:
         self.gates: dict[str, dict[str, Any]] = {}  # gate id -> latest committed value
         self.renderers: dict[str, _Renderer] = {}
         self.stopping = False
+        self.task = define_task(GATE_TASK, phases={"wait": self._wait_phase, "execute": self._execute_phase})
 
     def policy_for(self, tool: str) -> ApprovalPolicy | None:
         return next((p for p in self.policies if tool in p.tools), None)
 
     def extension(self) -> Extension:
-        return Extension("bridge-approvals", hooks=[hook("core.tool", before_tool=self.before_tool)])
+        return Extension(
+            "bridge-approvals", hooks=[hook("core.tool", before_tool=self.before_tool)], tasks=[self.task]
+        )
 
     def pending_in(self, conversation_id: int) -> list[dict[str, Any]]:
         return [
@@ -129,35 +232,17 @@ class Approvals:
             if g.get("conversation_id") == conversation_id and g.get("status") == "pending"
         ]
 
-    # --- the hook (runs inside the tool task) --------------------------------------------------------------
+    # --- the hook (runs inside the tool task, once per call; again after a crash) --------------------------
 
     async def before_tool(self, call: ToolCallInfo, api: ToolHookApi) -> Any:
         policy = self.policy_for(call.name)
         if policy is None:
             return None
-        memo_key = f"approval:{call.call_id}"
-        decided = await api.memo(memo_key)
-        if decided is None:
-            harness = self.bridge.harness
-            gate = await harness.snapshot(ApprovalDoc, key=str(api.task_id))
-            if gate is None:
-                expires_at = api.now() + policy.expires_after_ms
-                await self._request(api, call, policy, expires_at)
-                return Defer(until=expires_at)
-            if gate.get("status") == "pending":
-                if api.now() < int(gate["expires_at"]):
-                    return Defer(until=int(gate["expires_at"]))
-                gate = await self._expire(api)
-            decided = await api.memo(memo_key, {"status": gate["status"], "by": gate.get("decided_by")})
-        if decided["status"] == "approved":
-            return None
-        if decided["status"] == "expired":
-            return Block(f"{call.name} was not approved in time (the request expired)")
-        return Block(f"{call.name} was denied by {decided.get('by') or 'an approver'}")
+        gate = await self._request(api, call, policy)
+        return Detach(awaiting_text(api.task_id, gate), details={"gate": api.task_id})
 
-    async def _request(
-        self, api: ToolHookApi, call: ToolCallInfo, policy: ApprovalPolicy, expires_at: int
-    ) -> None:
+    async def _request(self, api: ToolHookApi, call: ToolCallInfo, policy: ApprovalPolicy) -> dict[str, Any]:
+        """Commit the request and its gate task once (a hook that runs again after a crash finds them)."""
         harness = self.bridge.harness
         conversation_id = api.conversation_id
         live = await harness.snapshot(LiveDoc, conversation_id) or {}
@@ -170,40 +255,105 @@ class Approvals:
             place_of = await harness.snapshot(PlaceOfDoc, conversation_id) or {}
             target = place_of.get("place")
             requester = None
+        intent = detached_intent(call, task_id=api.task_id)
 
-        async def commit(tx: Tx, task: Task) -> None:
-            await tx.doc(
-                ApprovalDoc,
-                key=str(task.id),
-                seed={
-                    "tool": call.name,
-                    "arguments": call.arguments,
-                    "conversation_id": conversation_id,
-                    "target": target,
-                    "requester": requester,
-                    "approvers": list(policy.approvers),
-                    "groups": list(policy.groups),
-                    "allow_self_approval": policy.allow_self_approval,
-                    "created_at": api.now(),
-                    "expires_at": expires_at,
-                    "status": "pending",
-                },
-            )
-
-        await api.commit(commit)
-
-    async def _expire(self, api: ToolHookApi) -> dict[str, Any]:
         async def commit(tx: Tx, task: Task) -> dict[str, Any]:
             doc = await tx.doc(ApprovalDoc, key=str(task.id), seed={})
-            if doc.value.get("status") == "pending":
-                doc.value["status"] = "expired"
-                doc.value["decided_at"] = tx.now
+            if not doc.value:
+                doc.value.update(
+                    {
+                        "tool": call.name,
+                        "arguments": call.arguments,
+                        "intent": intent,
+                        "conversation_id": conversation_id,
+                        "target": target,
+                        "requester": requester,
+                        "approvers": list(policy.approvers),
+                        "groups": list(policy.groups),
+                        "allow_self_approval": policy.allow_self_approval,
+                        "created_at": tx.now,
+                        "expires_at": tx.now + policy.expires_after_ms,
+                        "status": "pending",
+                    }
+                )
+            if doc.value.get("task_id") is None:
+                gate_task = await harness.create_task_in(
+                    tx, GATE_TASK, {"gate": task.id}, conversation_id=conversation_id, background=True
+                )
+                doc.value["task_id"] = gate_task.id
+                doc.value.setdefault("intent", intent)
             return dict(doc.value)
 
-        value: dict[str, Any] = await api.commit(commit)
-        return value
+        gate: dict[str, Any] = await api.commit(commit)
+        harness.resume()
+        return gate
 
-    # --- clicks ------------------------------------------------------------------------------------------
+    # --- the gate task: wait for the decision, then run the call once (or not) and report ---------------------
+
+    async def _wait_phase(self, task: Task, runtime: TaskRuntime) -> None:
+        key = str(task.input["gate"])
+
+        async def look(tx: Tx, _task: Task) -> Wait | Checkpoint | Complete:
+            doc = await tx.doc(ApprovalDoc, key=key, seed={})
+            gate = doc.value
+            if gate.get("status") == "pending":
+                if tx.now < int(gate.get("expires_at", 0)):
+                    return Wait(checkpoint={"phase": "wait"}, deadline=int(gate["expires_at"]))
+                gate["status"] = "expired"
+                gate["decided_at"] = tx.now
+            if gate.get("status") == "approved":
+                # The intent is committed before the tool runs: a crash from here on lands in `execute`.
+                gate["outcome"] = "running"
+                return Checkpoint({"phase": "execute", "intent": gate["intent"]})
+            return await self._report(tx, runtime, key, gate, None)
+
+        after = await runtime.commit(look)
+        if after.state.status == "running" and (after.state.checkpoint or {}).get("phase") == "execute":
+            await self._run(task, runtime, recovering=False)
+
+    async def _execute_phase(self, task: Task, runtime: TaskRuntime) -> None:
+        """Reached only by recovery: the process died while the approved call was running."""
+        await self._run(task, runtime, recovering=True)
+
+    async def _run(self, task: Task, runtime: TaskRuntime, *, recovering: bool) -> None:
+        key = str(task.input["gate"])
+        gate = await self.bridge.harness.snapshot(ApprovalDoc, key=key) or {}
+        result = await run_detached_tool(runtime, dict(gate["intent"]), recovering=recovering)
+
+        async def report(tx: Tx, _task: Task) -> Complete:
+            doc = await tx.doc(ApprovalDoc, key=key, seed={})
+            return await self._report(tx, runtime, key, doc.value, result)
+
+        await runtime.commit(report)
+
+    async def _report(
+        self, tx: Tx, runtime: TaskRuntime, key: str, gate: dict[str, Any], result: ToolResult | None
+    ) -> Complete:
+        """In the gate task's last commit: the outcome as an input (answered where the request was made)."""
+        harness = self.bridge.harness
+        conversation_id = int(gate["conversation_id"])
+        text = outcome_text(int(key), gate, result)
+        if result is None:
+            gate["outcome"] = "not_run"
+        else:
+            gate["outcome"] = "failed" if result.is_error else "ran"
+        submission = await harness.submit_in(
+            tx, conversation_id, Input(text, request_id=f"gate:{key}", when_busy="followUp")
+        )
+        if gate.get("target") is not None and await tx.snapshot(ReplyDoc, key=str(submission.id)) is None:
+            await tx.create_doc(
+                ReplyDoc,
+                key=str(submission.id),
+                seed={
+                    "conversation_id": conversation_id,
+                    "target": gate["target"],
+                    "requester": gate.get("requester"),
+                    "parts": [],
+                },
+            )
+        return Complete({"submission_id": submission.id, "status": gate.get("status")})
+
+    # --- decisions ---------------------------------------------------------------------------------------
 
     async def decide(
         self,
@@ -211,13 +361,17 @@ class Approvals:
         *,
         user_id: str,
         user_name: str,
-        approve: bool,
+        action: Action,
         user_groups: Collection[str] | None = None,
-        operator: bool = False,
+        origin: ClickOrigin | None = None,
         platform: str | None = None,
+        operator: bool = False,
     ) -> Decision:
-        """Record a click from `platform`. Checks the approver policy stored with the request; first decision
-        wins.
+        """Record a decision. `action`: approve | deny (approvers) | withdraw (the requester). A click passes
+        its `origin` (the message it was made on), which must be the gate's own message, and the `platform` it
+        came from (approver entries like `slack:U0LEAD` match only there). Checked against the policy stored
+        with the request; the first decision wins; committed before this returns (acknowledge the platform only
+        after it).
 
         `operator=True`: an operator's override from the command line (`durable-bots approvals decide`): the
         approver policy is not checked, the decision is recorded with `operator_override: true`, and this
@@ -226,42 +380,67 @@ class Approvals:
         gate = await harness.snapshot(ApprovalDoc, key=str(gate_id))
         if gate is None:
             return Decision(False, "unknown", reason="unknown_gate")
+        if origin is not None and not await self._on_own_message(gate_id, gate, origin):
+            return Decision(False, str(gate.get("status")), reason="wrong_message")
         if gate.get("status") != "pending":
-            return Decision(False, str(gate["status"]), gate.get("decided_by"), "already_decided")
-        platforms = len(self.bridge.transports)
-        allowed = is_approver(gate, platform, user_id, user_groups, platforms=platforms)
-        if not allowed and not operator:
-            return Decision(False, "pending", reason="not_an_approver")
+            return _already(gate)
         requester = (gate.get("requester") or {}).get("user_id")
-        if requester == user_id and not gate.get("allow_self_approval") and not operator:
-            return Decision(False, "pending", reason="self_approval")
+        if action == "withdraw":
+            if requester is None or requester != user_id:
+                return Decision(False, "pending", reason="not_the_requester")
+        elif not operator:
+            platforms = len(self.bridge.transports)
+            if not is_approver(gate, platform, user_id, user_groups, platforms=platforms):
+                return Decision(False, "pending", reason="not_an_approver")
+            if requester == user_id and not gate.get("allow_self_approval"):
+                return Decision(False, "pending", reason="self_approval")
 
         async def commit(tx: Tx) -> Decision:
             doc = await tx.doc(ApprovalDoc, key=str(gate_id), seed={})
             if doc.value.get("status") != "pending":
-                return Decision(
-                    False, str(doc.value["status"]), doc.value.get("decided_by"), "already_decided"
-                )
+                return _already(doc.value)
+            task_id = doc.value.get("task_id")
             if tx.now >= int(doc.value.get("expires_at", tx.now + 1)):
-                # Past its expiry the gate's task may not have run yet (the bot was down, or it is about to
-                # wake): the click is still too late. Mark it expired now so the task blocks the tool.
+                # Past its expiry the gate task may not have run yet (the bot was down, or it is about to
+                # wake): the click is still too late. Mark it expired now; the task reports it.
                 doc.value["status"] = "expired"
                 doc.value["decided_at"] = tx.now
-                await harness.wake_task(tx, gate_id)
-                return Decision(False, "expired", reason="expired")
-            doc.value["status"] = "approved" if approve else "denied"
+                await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
+                return Decision(False, "expired", reason="expired", decided_at=tx.now)
+            doc.value["status"] = _STATUS_OF[action]
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id
             doc.value["decided_at"] = tx.now
             if operator:
                 doc.value["operator_override"] = True
-            await harness.wake_task(tx, gate_id)
-            return Decision(True, str(doc.value["status"]), user_name)
+            # A gate asked by an earlier version has no gate task yet: its tool task still waits in the hook,
+            # which creates the gate task when woken.
+            await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
+            return Decision(True, str(doc.value["status"]), user_name, decided_at=tx.now)
 
         decision = await harness.commit(commit)
         if not operator:
             harness.resume()
         return decision
+
+    async def _on_own_message(self, gate_id: int, gate: dict[str, Any], origin: ClickOrigin) -> bool:
+        """Whether a click was made on the gate's own message (its channel and message id). A card that was
+        posted but whose id is not recorded yet (a click right after the post, or after a crash between post
+        and record) is looked up on the platform by its key, as the renderer's reconciliation does."""
+        target = gate.get("target") or {}
+        if str(target.get("channel")) != origin.channel:
+            return False
+        message_id = (gate.get("message") or {}).get("id")
+        if message_id is None:
+            transport = self.bridge.transports.get(str(target.get("platform")))
+            if transport is None:
+                return False
+            try:
+                message_id = await transport.find(Place.from_json(target), f"approval:{gate_id}")
+            except TransportError as exc:
+                log.warning("gate %s: could not look up its message for a click: %s", gate_id, exc)
+                return False
+        return message_id is not None and str(message_id) == origin.message_id
 
     # --- rendering approval messages -----------------------------------------------------------------------
 
@@ -354,3 +533,9 @@ class Approvals:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _already(gate: dict[str, Any]) -> Decision:
+    return Decision(
+        False, str(gate.get("status")), gate.get("decided_by"), "already_decided", gate.get("decided_at")
+    )

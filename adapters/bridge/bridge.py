@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from adapters.bridge.approvals import ApprovalPolicy, Approvals, Decision
+from adapters.bridge.approvals import Action, ApprovalPolicy, Approvals, ClickOrigin, Decision
 from adapters.bridge.bounded import Bounded
 from adapters.bridge.delivery import Delivery, load_active
 from adapters.bridge.docs import ApprovalDoc, PlaceDoc, ReplyDoc, WatchDoc
@@ -59,9 +59,12 @@ class Bridge:
         self.stats = BridgeStats()
 
     def extension(self) -> Extension:
-        """Install this in the harness registry: approval gates, the `schedule` tool and its timer task."""
+        """Install this in the harness registry: approval gates (hook and gate task), the `schedule` tool and
+        its timer task."""
         gate = self.approvals.extension()
-        return Extension("bridge", tools=[schedule_tool(self)], hooks=list(gate.hooks), tasks=[ScheduledTask])
+        return Extension(
+            "bridge", tools=[schedule_tool(self)], hooks=list(gate.hooks), tasks=[ScheduledTask, *gate.tasks]
+        )
 
     def attach(self, transport: Transport) -> None:
         self.transports[transport.platform] = transport
@@ -115,21 +118,26 @@ class Bridge:
         *,
         user_id: str,
         user_name: str,
-        approve: bool,
+        action: Action,
         user_groups: Collection[str] | None = None,
-        operator: bool = False,
+        origin: ClickOrigin | None = None,
         platform: str | None = None,
+        operator: bool = False,
     ) -> Decision:
-        """A click on an approval request by `user_id` of `platform` (the adapter's platform name; approver
-        entries like `slack:U0LEAD` match only there)."""
+        """The one entry point for deciding a gate: `action` is approve | deny | withdraw; a platform click
+        passes the message it was made on as `origin` (it must be the gate's own message) and its `platform`
+        (the adapter's platform name; approver entries like `slack:U0LEAD` match only there); an operator
+        passes `operator=True` and no origin. The decision is committed when this returns: acknowledge the
+        platform only then."""
         decision = await self.approvals.decide(
             gate_id,
             user_id=valid_text(user_id),
             user_name=valid_text(user_name),
-            approve=approve,
+            action=action,
             user_groups=None if user_groups is None else [valid_text(g) for g in user_groups],
-            operator=operator,
+            origin=origin,
             platform=platform,
+            operator=operator,
         )
         if decision.accepted:
             self.stats.approvals_decided[decision.status] += 1

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.model import DeleteRefused, EditExpired, MessageGone, Place, RetryLater, TransportError
 from adapters.bridge.text import incident_id, is_internal, render_partial, render_unanswered, split_text
-from harness_core import LiveDoc, Tx, log_context
-from harness_core.messages import AssistantMessage
+from harness_core import Entry, Harness, LiveDoc, Tx, log_context
+from harness_core.messages import AssistantMessage, ToolResultMessage
 
 if TYPE_CHECKING:
     from adapters.bridge.bridge import Bridge
@@ -45,6 +45,36 @@ def answer_text(message: Any) -> str:
     if isinstance(message, AssistantMessage):
         return message.text() or "(no text)"
     return "(no text)"
+
+
+async def gated_explanation(
+    harness: Harness, conversation_id: int, input_entry: int | None, answer: Entry | None
+) -> str:
+    """What the model said before a call that now waits for approval, in the run that asked for it.
+
+    The final answer replaces what the reply showed while it streamed; for a gated call that explanation ("the
+    logs show X; deploying the fix") is the why of the approval card, so it stays visible above the answer."""
+    if input_entry is None or answer is None:
+        return ""
+    handle = await harness.conversation(conversation_id)
+    if handle is None:
+        return ""
+    run: list[Entry] = []
+    page = await handle.entries(limit=50)
+    for item in page.items:  # newest first: the answer, the run's entries, then the input
+        if item.id <= input_entry:
+            break
+        if item.id <= answer.id:
+            run.append(item)
+    gated = False
+    texts: list[str] = []
+    for item in reversed(run):
+        for message in item.model or ():
+            if isinstance(message, ToolResultMessage) and isinstance(message.details, dict):
+                gated = gated or "gate" in message.details
+            elif isinstance(message, AssistantMessage) and item.id != answer.id and message.text().strip():
+                texts.append(message.text().strip())
+    return "\n\n".join(texts) if gated else ""
 
 
 def pacing_key(target: Place) -> str:
@@ -107,6 +137,11 @@ class ReplyWorker:
                 return True
             entry = await harness.entry(answer_entry or 0)
             text = answer_text(entry.model[0] if entry and entry.model else None)
+            explanation = await gated_explanation(
+                harness, submission.conversation_id, submission.entry, entry
+            )
+            if explanation and explanation not in text:
+                text = f"{explanation}\n\n{text}"
         elif submission.status == "unanswered":
             if submission.reason == "aborted" and not reply.get("parts"):
                 await self.finish(reply, target, None, [])  # withdrawn before anything was shown

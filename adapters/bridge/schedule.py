@@ -47,6 +47,17 @@ async def _fire(task: Task, runtime: TaskRuntime) -> None:
     harness.resume()
 
 
+def _in_words(minutes: float) -> str:
+    seconds = max(1, round(minutes * 60))
+    if seconds < 90:
+        return f"{seconds} second{'s' if seconds != 1 else ''}"
+    if minutes < 90:
+        whole = round(minutes)
+        return f"{whole} minute{'s' if whole != 1 else ''}"
+    hours = minutes / 60
+    return f"{hours:.1f} hours" if hours < 48 else f"{hours / 24:.1f} days"
+
+
 ScheduledTask = define_task("bridge.scheduled", phases={"arm": _arm, "fire": _fire})
 
 
@@ -74,7 +85,8 @@ def schedule_tool(bridge: Bridge) -> ToolSpec:
             return timer.id, at
 
         timer_id, at = await api.commit(arm)
-        when = dt.datetime.fromtimestamp(at / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        return f"Scheduled for {when} (timer {timer_id})."
+        # Relative first: it means the same in every reader's time zone (the UTC time is for the record).
+        when = dt.datetime.fromtimestamp(at / 1000, tz=dt.UTC).strftime("%H:%M UTC")
+        return f"Scheduled in {_in_words(delay_minutes)} (at {when}; timer {timer_id})."
 
     return schedule

@@ -19,10 +19,12 @@ class GateView:
     arguments: dict[str, Any]
     requester_id: str | None
     requester_name: str | None
-    status: str  # pending | approved | denied | expired
+    status: str  # pending | approved | denied | expired | withdrawn
     decided_by: str | None
     decided_at: int | None
     expires_at: int
+    approvers: tuple[str, ...] = ()  # who may approve: user ids as configured
+    groups: tuple[str, ...] = ()  # ... or members of these user groups / roles
 
     def __post_init__(self) -> None:
         # Everything a card shows of the call and the people, with bidi controls made visible (every platform
@@ -67,11 +69,13 @@ class Transport(Protocol):
         ...
 
     async def post_approval(self, target: Place, gate: GateView, key: str) -> str:
-        """Post an approval request with Approve/Deny buttons encoding `gate.gate_id`."""
+        """Post an approval request as a message of its own: what is asked, by whom, who may approve, until
+        when, with Approve/Deny buttons (and Withdraw, for the requester) encoding `gate.gate_id`."""
         ...
 
     async def update_approval(self, target: Place, message_id: str, gate: GateView) -> None:
-        """Show the decision (who, when) and remove the buttons."""
+        """Show the decision (who, when) in place of the buttons, or a disabled, labelled state, so a later
+        click is answered privately ("already approved by lead at 14:02")."""
         ...
 
     async def history(self, place: Place, after: str | None) -> list[IncomingMessage]:

@@ -33,14 +33,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from aiohttp import WSMsgType, web
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from adapters.bridge import ApprovalDoc, Bridge, PayloadTooDeep, Place, PlaceOfDoc, valid_payload
+from adapters.bridge.approvals import GATE_TASK
 from adapters.bridge.text import incident_id, neutralize_bidi, neutralize_value
 from adapters.devchat.options import CHANNEL_NAME, DevchatOptions, clean_name
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import PLATFORM, DevchatTransport
-from harness_core import HarnessError, Publication
+from harness_core import HarnessError, Publication, Task
+from harness_core.messages import AssistantMessage
 
 TOKEN_COOKIE = "devchat_token"
 log = logging.getLogger("adapters.devchat")
@@ -72,7 +74,20 @@ class Click(BaseModel):
     type: Literal["click"]
     name: str
     gate: Id
-    approve: bool
+    action: Literal["approve", "deny", "withdraw"] | None = None
+    approve: bool | None = None  # older pages: true/false for approve/deny
+
+    @model_validator(mode="after")
+    def _says_what(self) -> Click:
+        if self.action is None and self.approve is None:
+            raise ValueError("a click needs an action: approve, deny or withdraw")
+        return self
+
+    @property
+    def verb(self) -> Literal["approve", "deny", "withdraw"]:
+        if self.action is not None:
+            return self.action
+        return "approve" if self.approve else "deny"
 
 
 class NewChannel(BaseModel):
@@ -92,7 +107,8 @@ Incoming = TypeAdapter(Annotated[Hello | Post | Click | NewChannel | Retry, Fiel
 REFUSALS = {
     "not_an_approver": "{name} is not an approver for this request",
     "self_approval": "you asked for this; another approver has to decide",
-    "already_decided": "already {status} by {by}",
+    "already_decided": "already {status} by {by}{at}",
+    "not_the_requester": "only the person who asked ({requester}) can withdraw it",
     "expired": "this request expired before your click",  # also when the gate had already expired
     "unknown_gate": "this approval request does not exist",
 }
@@ -383,30 +399,45 @@ class DevchatServer:
         if card is None:  # only gates shown on devchat can be decided from devchat
             self._refuse(client, click.gate, REFUSALS["unknown_gate"])
             return
-        if self.options.approvers is not None and name not in self.options.approvers:
+        verb = click.verb
+        if verb != "withdraw" and self.options.approvers is not None and name not in self.options.approvers:
             self._refuse(client, click.gate, REFUSALS["not_an_approver"].format(name=name))
             return
+        # The card was found by the gate's own key, so the click is on the gate's own message.
         decision = await self.bridge.decide(
-            click.gate, user_id=name, user_name=name, approve=click.approve, platform=PLATFORM
+            click.gate, user_id=name, user_name=name, action=verb, platform=PLATFORM
         )
         if decision.accepted:
-            verb = "approved" if click.approve else "denied"
-            client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {verb} it"})
+            done = {"approve": "approved", "deny": "denied", "withdraw": "withdrew"}[verb]
+            client.send({"type": "notice", "level": "info", "gate": click.gate, "text": f"you {done} it"})
             return
         reason = decision.reason or ""
         if reason == "already_decided" and decision.status == "expired":
             reason = "expired"  # nobody decided it: "already expired by someone" would be wrong
         template = REFUSALS.get(reason, "refused ({reason})")
+        gate = await self.bridge.harness.snapshot(ApprovalDoc, key=str(click.gate)) or {}
         text = template.format(
             name=name,
             status=decision.status,
             by=neutralize_bidi(decision.decided_by or "someone"),
+            at="",  # the page appends the time in the reader's clock (decided_at below)
             reason=decision.reason,
+            requester=neutralize_bidi((gate.get("requester") or {}).get("user_name") or "someone else"),
         )
-        self._refuse(client, click.gate, text)
+        self._refuse(
+            client, click.gate, text, decided_at=decision.decided_at if reason == "already_decided" else None
+        )
 
-    def _refuse(self, client: Client, gate: int, text: str) -> None:
-        client.send({"type": "notice", "level": "error", "gate": gate, "text": f"Refused: {text}"})
+    def _refuse(self, client: Client, gate: int, text: str, *, decided_at: int | None = None) -> None:
+        notice: dict[str, Any] = {
+            "type": "notice",
+            "level": "error",
+            "gate": gate,
+            "text": f"Refused: {text}",
+        }
+        if decided_at:
+            notice["decided_at"] = decided_at
+        client.send(notice)
 
     async def _new_channel(self, client: Client, request: NewChannel) -> None:
         name = _name(request.name)
@@ -476,8 +507,7 @@ class DevchatServer:
             if task.conversation_id not in places:
                 place_of = await harness.snapshot(PlaceOfDoc, task.conversation_id) or {}
                 places[task.conversation_id] = place_label(place_of.get("place"))
-            gate = gates.get(str(task.id))
-            label = task.kind if gate is None else f"{task.kind} {gate.get('tool')}"
+            label = await _task_label(harness, task, gates)
             tasks.append(
                 {
                     "id": task.id,
@@ -509,6 +539,33 @@ class DevchatServer:
             )
         approvals.sort(key=lambda a: (a["status"] != "pending", -(a["decided_at"] or 0), -a["gate"]))
         return {"scheduling": inspection.scheduling, "tasks": tasks, "approvals": approvals[:20]}
+
+
+TASK_LABELS = {
+    "core.generation": "answering",
+    "core.compaction": "summarizing older messages",
+    "bridge.scheduled": "reminder",
+}
+
+
+async def _task_label(harness: Any, task: Task, gates: dict[str, dict[str, Any]]) -> str:
+    """What a task is, in the reader's terms (no internal kind names on the page)."""
+    if task.kind == GATE_TASK:
+        gate = gates.get(str(task.input.get("gate"))) or {}
+        return f"approval #{task.input.get('gate')}: {gate.get('tool', 'tool')} waits for a decision"
+    if task.kind == "core.tool":
+        name = await _tool_name(harness, task)
+        return f"tool {name}" if name else "a tool"
+    return TASK_LABELS.get(task.kind, task.kind.rsplit(".", 1)[-1].replace("-", " "))
+
+
+async def _tool_name(harness: Any, task: Task) -> str | None:
+    entry = await harness.entry(int(task.input.get("assistant", 0) or 0))
+    for message in entry.model or () if entry is not None else ():
+        for call in message.tool_calls() if isinstance(message, AssistantMessage) else ():
+            if call.id == task.input.get("call_id"):
+                return str(call.name)
+    return None
 
 
 def _name(raw: str) -> str:

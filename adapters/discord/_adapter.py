@@ -30,7 +30,8 @@ from typing import Any
 import aiohttp
 import discord
 
-from adapters.bridge import Bridge, Place
+from adapters.bridge import Bridge, ClickOrigin, Place
+from adapters.bridge.approvals import Action
 from adapters.discord._components import ApprovalButton
 from adapters.discord._endpoints import override_endpoints
 from adapters.discord._hardening import guard_parsers, install_tolerant_json
@@ -431,32 +432,48 @@ class DiscordAdapter:
 
     # --- approval clicks -------------------------------------------------------------------------------
 
-    async def handle_click(self, interaction: discord.Interaction[Any], gate_id: int, approve: bool) -> None:
-        try:
-            await interaction.response.defer()  # type 6 within Discord's 3 seconds, before any storage work
-        except discord.HTTPException as error:
-            log.warning("discord: could not acknowledge click on gate %s: %s", gate_id, error)
+    async def handle_click(self, interaction: discord.Interaction[Any], gate_id: int, action: str) -> None:
+        """Commit the click, then acknowledge it (type 6, within Discord's 3 s): a crash before the commit
+        leaves the interaction unacknowledged, so the clicker sees it fail and clicks again."""
         user = interaction.user
         groups = [str(role.id) for role in user.roles] if isinstance(user, discord.Member) else []
         bridge = self.bridge
-        if bridge is None:
-            return
-        try:
-            decision = await bridge.decide(
-                gate_id,
-                user_id=str(user.id),
-                user_name=user.display_name,
-                approve=approve,
-                user_groups=groups,
-                platform=PLATFORM,
+        verb: Action = "approve" if action == "approve" else "withdraw" if action == "withdraw" else "deny"
+        decision = None
+        if bridge is not None:
+            message = interaction.message
+            origin = ClickOrigin(
+                str(interaction.channel_id or ""), str(message.id) if message is not None else ""
             )
-        except Exception:
-            log.exception("discord: recording a click on gate %s failed", gate_id)
-            await self._tell(interaction, "Your click could not be recorded; please try again.")
-            return
-        if not decision.accepted:
-            await self._tell(interaction, refusal_text(decision.reason, decision.status, decision.decided_by))
+            try:  # one local commit, no platform call: well within the 3 s
+                decision = await bridge.decide(
+                    gate_id,
+                    user_id=str(user.id),
+                    user_name=user.display_name,
+                    action=verb,
+                    user_groups=groups,
+                    origin=origin,
+                    platform=PLATFORM,
+                )
+            except Exception:
+                log.exception("discord: recording a click on gate %s failed", gate_id)
+                await self._respond(interaction)
+                await self._tell(interaction, "Your click could not be recorded; please try again.")
+                return
+        await self._respond(interaction)
+        if decision is not None and not decision.accepted:
+            await self._tell(
+                interaction,
+                refusal_text(decision.reason, decision.status, decision.decided_by, decision.decided_at),
+            )
         # Accepted: the bridge edits the request message (with the bot token) to show who decided.
+
+    @staticmethod
+    async def _respond(interaction: discord.Interaction[Any]) -> None:
+        try:
+            await interaction.response.defer()
+        except discord.HTTPException as error:
+            log.warning("discord: could not acknowledge a click: %s", error)
 
     @staticmethod
     async def _tell(interaction: discord.Interaction[Any], text: str) -> None:

@@ -1,7 +1,7 @@
 """Persistent approval buttons.
 
 Every state a click needs is in the button's ``custom_id`` (``durable-bots:approve:<gate>`` /
-``durable-bots:deny:<gate>``) and in storage, so a button posted by an earlier process works in this one:
+``durable-bots:deny:<gate>`` / ``durable-bots:withdraw:<gate>``) and in storage, so a button posted by an earlier process works in this one:
 `ApprovalButton` is a `DynamicItem` registered in ``setup_hook`` on every start, and discord.py routes any
 click whose ``custom_id`` matches its template to it, whatever message it is on.
 """
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import discord
 
 CUSTOM_ID_PREFIX = "durable-bots"
-TEMPLATE = re.compile(rf"{CUSTOM_ID_PREFIX}:(?P<action>approve|deny):(?P<gate>[0-9]{{1,20}})")
+TEMPLATE = re.compile(rf"{CUSTOM_ID_PREFIX}:(?P<action>approve|deny|withdraw):(?P<gate>[0-9]{{1,20}})")
 
 
 def custom_id(action: str, gate_id: int) -> str:
@@ -23,20 +23,17 @@ def custom_id(action: str, gate_id: int) -> str:
 
 class ClickHandler(Protocol):
     async def handle_click(
-        self, interaction: discord.Interaction[Any], gate_id: int, approve: bool
+        self, interaction: discord.Interaction[Any], gate_id: int, action: str
     ) -> None: ...
 
 
 class ApprovalButton(discord.ui.DynamicItem[discord.ui.Button[discord.ui.View]], template=TEMPLATE):
     def __init__(self, action: str, gate_id: int) -> None:
-        approve = action == "approve"
-        super().__init__(
-            discord.ui.Button(
-                label="Approve" if approve else "Deny",
-                style=discord.ButtonStyle.success if approve else discord.ButtonStyle.danger,
-                custom_id=custom_id(action, gate_id),
-            )
-        )
+        label, style = {
+            "approve": ("Approve", discord.ButtonStyle.success),
+            "deny": ("Deny", discord.ButtonStyle.danger),
+        }.get(action, ("Withdraw (requester)", discord.ButtonStyle.secondary))
+        super().__init__(discord.ui.Button(label=label, style=style, custom_id=custom_id(action, gate_id)))
         self.action = action
         self.gate_id = gate_id
 
@@ -51,11 +48,12 @@ class ApprovalButton(discord.ui.DynamicItem[discord.ui.Button[discord.ui.View]],
         handler: ClickHandler | None = getattr(interaction.client, "click_handler", None)
         if handler is None:
             return
-        await handler.handle_click(interaction, self.gate_id, self.action == "approve")
+        await handler.handle_click(interaction, self.gate_id, self.action)
 
 
 def approval_view(gate_id: int) -> discord.ui.View:
     view = discord.ui.View(timeout=None)
     view.add_item(ApprovalButton("approve", gate_id))
     view.add_item(ApprovalButton("deny", gate_id))
+    view.add_item(ApprovalButton("withdraw", gate_id))
     return view

@@ -17,6 +17,7 @@ STATUS_COLOURS = {
     "approved": discord.Colour.green(),
     "denied": discord.Colour.red(),
     "expired": MARKER_COLOUR,
+    "withdrawn": MARKER_COLOUR,
 }
 
 
@@ -43,6 +44,8 @@ def approval_content(gate: GateView) -> str:
         return f"❌ {tool} **denied** by {gate.decided_by or 'an approver'}{suffix}"
     if gate.status == "expired":
         return f"⌛ {tool} was not approved in time (expired){suffix}"
+    if gate.status == "withdrawn":
+        return f"↩️ {tool} **withdrawn** by {gate.decided_by or 'the requester'}{suffix}"
     return f"{tool}: {gate.status}"
 
 
@@ -53,6 +56,9 @@ def approval_embed(gate: GateView, footer: str) -> discord.Embed:
         colour=STATUS_COLOURS.get(gate.status, MARKER_COLOUR),
     )
     embed.add_field(name="Requested by", value=gate.requester_name or "the agent", inline=True)
+    approvers = [f"<@{a}>" if a.isdigit() else a for a in gate.approvers]
+    approvers += [f"<@&{g}>" if g.isdigit() else g for g in gate.groups]
+    embed.add_field(name="May approve", value=", ".join(approvers) or "nobody", inline=True)
     if gate.status == "pending":
         embed.add_field(name="Expires", value=_timestamp(gate.expires_at, "R") or "never", inline=True)
     else:
@@ -61,8 +67,14 @@ def approval_embed(gate: GateView, footer: str) -> discord.Embed:
     return embed
 
 
-def refusal_text(reason: str | None, status: str, decided_by: str | None) -> str:
+def refusal_text(
+    reason: str | None, status: str, decided_by: str | None, decided_at: int | None = None
+) -> str:
     """The ephemeral answer to a click the bridge did not accept."""
+    if reason == "not_the_requester":
+        return "Only the person who asked for this can withdraw it."
+    if reason == "wrong_message":
+        return "This button is not on the request it names, so your click was not counted."
     if reason == "not_an_approver":
         return "You are not one of the approvers of this request, so your click was not counted."
     if reason == "self_approval":
@@ -70,8 +82,11 @@ def refusal_text(reason: str | None, status: str, decided_by: str | None) -> str
     if reason == "already_decided":
         if status == "expired":
             return "This request has expired."
-        return f"This request was already {status}" + (
-            f" by {neutralize_bidi(decided_by)}." if decided_by else "."
+        when = _timestamp(decided_at, "t")
+        return (
+            f"This request was already {status}"
+            + (f" by {neutralize_bidi(decided_by)}" if decided_by else "")
+            + (f" at {when}." if when else ".")
         )
     if reason == "expired":
         return "This request expired before your click."

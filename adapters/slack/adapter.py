@@ -17,12 +17,14 @@ bolt cannot use is 200, logged and dropped. A 500 goes out only when the adapter
 commit a message, so that Slack does redeliver it. Every decoded payload (HTTP and Socket Mode) is made valid
 first: a lone surrogate becomes U+FFFD.
 
-Clicks on approval buttons are acknowledged at once (Slack wants it within 3 s and never redelivers an
-interaction), then decided in a task the adapter owns: the clicking user's groups among the gate's groups
-are looked up (`usergroups.users.list`, cached briefly), `bridge.decide` checks the policy and commits first
-writer wins, and refusals are answered privately (`chat.postEphemeral`). The bridge re-renders the request
-through `SlackTransport.update_approval`. A click lost to a crash before its decision was committed leaves the
-gate pending and its buttons working: the user clicks again.
+Clicks on approval buttons are committed before they are acknowledged, like messages: the clicking user's
+groups among the gate's groups are looked up (`usergroups.users.list`, cached briefly), `bridge.decide` checks
+the policy and that the click was made on the gate's own message (channel + ts), and commits first writer wins;
+only then does the listener return and bolt ack (Slack wants it within 3 s and never redelivers an interaction,
+so the decision gets at most `CLICK_BUDGET` seconds before the ack goes out anyway and the decision finishes
+in a task the adapter owns). A crash before the commit leaves Slack without an ack, so the clicker sees the
+click fail and the buttons still work. Refusals are answered privately (`chat.postEphemeral`) after the ack.
+The bridge re-renders the request through `SlackTransport.update_approval`.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.bridge import ApprovalDoc, Bridge, Decision, Place, TransportError, valid_payload
+from adapters.bridge import ApprovalDoc, Bridge, ClickOrigin, Decision, Place, TransportError, valid_payload
+from adapters.bridge.approvals import Action
 from adapters.bridge.text import neutralize_bidi
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
 from adapters.slack._socket import WatchedSocketModeClient
-from adapters.slack.blocks import ACTION_PATTERN, parse_action
+from adapters.slack.blocks import ACTION_PATTERN, parse_action, slack_date
 from adapters.slack.config import SlackOptions, SlackSecrets, load_secrets, parse_options
 from adapters.slack.directory import Directory
 from adapters.slack.events import MalformedEvent, human_message
@@ -82,8 +85,12 @@ BOLT_LOG = logging.getLogger("adapters.slack.bolt")
 BOLT_LOG.addFilter(_QuietBoltNotices())
 
 
+CLICK_BUDGET = 2.5  # seconds a click may take to commit before the ack goes out anyway (Slack allows 3)
+
 REFUSALS = {
     "not_an_approver": "You are not an approver for `{tool}`, so your click was not counted.",
+    "not_the_requester": "Only the person who asked for `{tool}` can withdraw the request.",
+    "wrong_message": "This button is not on the approval request it names, so your click was not counted.",
     "self_approval": "You cannot approve or deny your own request for `{tool}`.",
     "unknown_gate": "This approval request is not known (any more).",
     "expired": "This request for `{tool}` expired before your click.",
@@ -96,7 +103,7 @@ def refusal_text(decision: Decision, tool: str) -> str:
             return f"This request for `{tool}` already expired."
         return (
             f"This request for `{tool}` was already {decision.status} by "
-            f"{slack_text(neutralize_bidi(decision.decided_by or 'someone'))}."
+            f"{slack_text(neutralize_bidi(decision.decided_by or 'someone'))} at {slack_date(decision.decided_at)}."
         )
     template = REFUSALS.get(decision.reason or "", "Your click was not counted ({reason}).")
     return template.format(tool=tool, reason=decision.reason)
@@ -304,13 +311,20 @@ class SlackAdapter:
     async def _on_gate_click(
         self, ack: Any, body: dict[str, Any], action: dict[str, Any], respond: Any
     ) -> None:
-        await ack()  # within Slack's 3 s; Slack never redelivers a click
         parsed = parse_action(str(action.get("action_id") or ""))
         if parsed is None:
+            await ack()
             return
-        approve, gate_id = parsed
-        # Acked clicks are decided even during stop(): it drains these tasks after the last request.
-        self._spawn(self._decide(body, gate_id, approve, respond), name=f"slack-gate-click-{gate_id}")
+        verb, gate_id = parsed
+        deciding = asyncio.get_running_loop().create_task(
+            self._decide(body, gate_id, verb, respond), name=f"slack-gate-click-{gate_id}"
+        )
+        self._tasks.add(deciding)
+        deciding.add_done_callback(self._task_done)
+        # Commit before ack, within Slack's 3 s: wait for the decision (shielded: a slow group lookup goes on
+        # in the owned task after the budget, and stop() drains it).
+        await asyncio.wait({deciding}, timeout=CLICK_BUDGET)
+        await ack()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -322,19 +336,21 @@ class SlackAdapter:
         if not task.cancelled() and task.exception() is not None:
             log.error("Slack: %s failed", task.get_name(), exc_info=task.exception())
 
-    async def _decide(self, body: dict[str, Any], gate_id: int, approve: bool, respond: Any) -> None:
+    async def _decide(self, body: dict[str, Any], gate_id: int, verb: Action, respond: Any) -> None:
         bridge, transport = self.bridge, self.transport
         assert bridge is not None and transport is not None
         user, container, where = (_object(body.get(key)) for key in ("user", "container", "channel"))
         user_id = str(user.get("id") or "")
         channel = str(where.get("id") or container.get("channel_id") or "")
         thread = container.get("thread_ts")
+        clicked_ts = str(container.get("message_ts") or (body.get("message") or {}).get("ts") or "")
         gate = await bridge.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
         tool = str(gate.get("tool") or "the tool")
         name = await transport.directory.name(user_id, fallback=user.get("name"))
         groups: list[str] = []
         needs_groups = (
-            gate.get("status") == "pending"
+            verb != "withdraw"
+            and gate.get("status") == "pending"
             and bool(gate.get("groups"))
             and user_id not in (gate.get("approvers") or [])
         )
@@ -343,26 +359,39 @@ class SlackAdapter:
                 groups = await transport.directory.groups_of(user_id, [str(g) for g in gate["groups"]])
             except (TransportError, SlackPermanentError) as exc:
                 log.warning("could not read user groups for a click on gate %s: %s", gate_id, exc)
-                await self._tell(
-                    channel,
-                    user_id,
-                    thread,
-                    respond,
-                    "I could not check your Slack user groups; please try again.",
+                self._spawn(
+                    self._tell(
+                        channel,
+                        user_id,
+                        thread,
+                        respond,
+                        "I could not check your Slack user groups; please try again.",
+                    ),
+                    name=f"slack-gate-tell-{gate_id}",
                 )
                 return
         decision = await bridge.decide(
-            gate_id, user_id=user_id, user_name=name, approve=approve, user_groups=groups, platform="slack"
+            gate_id,
+            user_id=user_id,
+            user_name=name,
+            action=verb,
+            user_groups=groups,
+            origin=ClickOrigin(channel, clicked_ts),
+            platform="slack",
         )
         log.info(
             "Slack: %s clicked %s on gate %s: %s",
             user_id,
-            "approve" if approve else "deny",
+            verb,
             gate_id,
             "accepted" if decision.accepted else decision.reason,
         )
         if not decision.accepted:
-            await self._tell(channel, user_id, thread, respond, refusal_text(decision, tool))
+            # After the ack: the private answer is not part of the commit.
+            self._spawn(
+                self._tell(channel, user_id, thread, respond, refusal_text(decision, tool)),
+                name=f"slack-gate-tell-{gate_id}",
+            )
 
     async def _tell(self, channel: str, user: str, thread: Any, respond: Any, text: str) -> None:
         """A private answer to a click: an ephemeral message, or the click's response_url if that fails."""

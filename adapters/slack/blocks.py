@@ -1,5 +1,6 @@
-"""Block Kit for approval requests: a section describing the call, Approve/Deny buttons that encode the gate id,
-and the decided form (who, when) without buttons.
+"""Block Kit for approval requests: a section describing the call (who asked, who may approve, until when),
+Approve/Deny buttons and a Withdraw button for the requester that encode the gate id, and the decided form
+(who, when) without buttons.
 
 Limits (Slack): section text 3,000 characters, button `action_id` 255 and `value` 2,000, `block_id` 255.
 """
@@ -12,10 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from adapters.bridge import GateView
+from adapters.bridge.approvals import Action
 from adapters.slack.safe_text import slack_text
 
 ACTION_PREFIX = "durable_bots_gate"
-ACTION_PATTERN = re.compile(rf"^{ACTION_PREFIX}:(approve|deny):(\d+)$")
+ACTION_PATTERN = re.compile(rf"^{ACTION_PREFIX}:(approve|deny|withdraw):(\d+)$")
 SECTION_LIMIT = 3000
 ARGUMENTS_LIMIT = 1500
 
@@ -24,12 +26,15 @@ def action_id(verb: str, gate_id: int) -> str:
     return f"{ACTION_PREFIX}:{verb}:{gate_id}"
 
 
-def parse_action(action_id_value: str) -> tuple[bool, int] | None:
-    """(approve?, gate id) from a button's action_id, or None if it is not one of ours."""
+def parse_action(action_id_value: str) -> tuple[Action, int] | None:
+    """(approve | deny | withdraw, gate id) from a button's action_id, or None if it is not one of ours."""
     found = ACTION_PATTERN.match(action_id_value)
     if found is None:
         return None
-    return found.group(1) == "approve", int(found.group(2))
+    verb: Action = "approve" if found.group(1) == "approve" else "deny"
+    if found.group(1) == "withdraw":
+        verb = "withdraw"
+    return verb, int(found.group(2))
 
 
 def slack_date(ms: int | None) -> str:
@@ -58,10 +63,17 @@ def _requester(gate: GateView) -> str:
     return _escape(gate.requester_name or "a scheduled run")
 
 
+def _approvers(gate: GateView) -> str:
+    people = [f"<@{a}>" if re.fullmatch(r"[UW][A-Z0-9]+", a) else _escape(a) for a in gate.approvers]
+    groups = [f"<!subteam^{g}>" if re.fullmatch(r"S[A-Z0-9]+", g) else _escape(g) for g in gate.groups]
+    return ", ".join([*people, *groups]) or "nobody"
+
+
 def describe(gate: GateView) -> str:
     text = (
-        f"*Approval needed:* `{_escape(gate.tool)}`\n"
+        f"*Approval needed (#{gate.gate_id}):* `{_escape(gate.tool)}`\n"
         f"*Requested by:* {_requester(gate)}\n"
+        f"*May approve:* {_approvers(gate)}\n"
         f"*Arguments:*\n```{_arguments(gate)}```"
     )
     return text[:SECTION_LIMIT]
@@ -73,6 +85,8 @@ def outcome(gate: GateView) -> str:
         return f":white_check_mark: Approved by {who} at {slack_date(gate.decided_at)}"
     if gate.status == "denied":
         return f":x: Denied by {who} at {slack_date(gate.decided_at)}"
+    if gate.status == "withdrawn":
+        return f":leftwards_arrow_with_hook: Withdrawn by {who} at {slack_date(gate.decided_at)} (not run)"
     if gate.status == "expired":
         return f":hourglass: Expired at {slack_date(gate.decided_at or gate.expires_at)} (not run)"
     return f"Status: {_escape(gate.status)}"
@@ -124,6 +138,12 @@ def approval_blocks(gate: GateView) -> list[dict[str, Any]]:
                     "action_id": action_id("deny", gate.gate_id),
                     "text": {"type": "plain_text", "text": "Deny"},
                     "style": "danger",
+                    "value": str(gate.gate_id),
+                },
+                {
+                    "type": "button",
+                    "action_id": action_id("withdraw", gate.gate_id),
+                    "text": {"type": "plain_text", "text": "Withdraw (requester)"},
                     "value": str(gate.gate_id),
                 },
             ],

@@ -87,23 +87,20 @@ def parse_options(options: Mapping[str, Any]) -> SlackOptions:
 
 
 def load_secrets(options: SlackOptions, env: Mapping[str, str]) -> SlackSecrets:
-    """Secrets only from the environment; the error names the missing variable, never a value."""
-
-    def need(name: str, why: str) -> str:
-        value = (env.get(name) or "").strip()
-        if not value:
-            raise SlackConfigError(f"{name} is not set ({why})")
-        return value
-
-    bot_token = need("SLACK_BOT_TOKEN", "the Slack adapter posts with the bot token")
-    app_token = (
-        need("SLACK_APP_TOKEN", "adapters.slack.mode = 'socket'") if options.mode == "socket" else None
-    )
-    signing_secret = (
-        need("SLACK_SIGNING_SECRET", "adapters.slack.mode = 'http' verifies request signatures")
-        if options.mode == "http"
-        else None
-    )
+    """Secrets only from the environment. Every missing variable is named at once (never a value), so one run of
+    `check-config` tells the whole fix."""
+    wanted = [("SLACK_BOT_TOKEN", "the Slack adapter posts with the bot token")]
+    if options.mode == "socket":
+        wanted.append(("SLACK_APP_TOKEN", "adapters.slack.mode = 'socket'"))
+    if options.mode == "http":
+        wanted.append(("SLACK_SIGNING_SECRET", "adapters.slack.mode = 'http' verifies request signatures"))
+    values = {name: (env.get(name) or "").strip() for name, _ in wanted}
+    missing = [f"{name} is not set ({why})" for name, why in wanted if not values[name]]
+    if missing:
+        raise SlackConfigError("; ".join(missing))
+    bot_token = values["SLACK_BOT_TOKEN"]
+    app_token = values.get("SLACK_APP_TOKEN") or None
+    signing_secret = values.get("SLACK_SIGNING_SECRET") or None
     api_url = (env.get("SLACK_API_URL") or "").strip() or DEFAULT_API_URL
     if not api_url.endswith("/"):
         api_url += "/"

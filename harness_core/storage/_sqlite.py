@@ -80,7 +80,9 @@ _RETIRE = "UPDATE doc_records SET retired_seq = ? WHERE id = ?"
 _RECLAIM_RETIRED = (
     "DELETE FROM doc_contents WHERE doc_id = ?1 AND (SELECT rewindable FROM doc_records WHERE id = ?1) = 0"
 )
-_UPDATE_META = "UPDATE meta SET next_id = max(next_id, ?), last_seq = max(last_seq, ?) WHERE id = 1"
+# A reservation is stored negated: a negative next_id at open says the last process did not close (its
+# reservation is all that is known), a positive one is the exact value written by a graceful close.
+_UPDATE_META = "UPDATE meta SET next_id = -max(abs(next_id), ?), last_seq = max(last_seq, ?) WHERE id = 1"
 _SET_META = "UPDATE meta SET next_id = ?, last_seq = ? WHERE id = 1"
 _ID_BLOCK = 4096
 _SEQ_BLOCK = 1024
@@ -312,6 +314,8 @@ def _setup(conn: sqlite3.Connection, path: str, durability: Durability, check_bu
     conn.execute(f"PRAGMA wal_autocheckpoint = {_BACKSTOP_PAGES}")
     migrate(conn, path)
     next_id, last_seq = conn.execute("SELECT next_id, last_seq FROM meta WHERE id = 1").fetchone()
+    if int(next_id) < 0:  # not closed gracefully: continue from the ids actually stored
+        return StorageMeta(next_id=_next_unused_id(conn), last_seq=int(last_seq))
     return StorageMeta(next_id=int(next_id), last_seq=int(last_seq))
 
 
@@ -404,6 +408,22 @@ def _existing(path: Path) -> tuple[Path, str]:
     if not file.is_file():
         raise StorageError(f"there is no storage at {file}")
     return file, str(file)
+
+
+# After a crash, every minted id that was ever observable is in one of these tables (nothing is visible
+# before its commit, and rows are never deleted), so the next id is one above their maximum: ids people see (task #38, gate
+# #38, deploy-38, conversation #3) stay small and dense across restarts of any kind, instead of jumping to the
+# meta row's reservation after a crash. Each max() is one seek at the end of the primary key.
+_MAX_ID = (
+    "SELECT max(coalesce((SELECT max(id) FROM conversations), 0), coalesce((SELECT max(id) FROM entries), 0), "
+    "coalesce((SELECT max(id) FROM tasks), 0), coalesce((SELECT max(id) FROM submissions), 0), "
+    "coalesce((SELECT max(id) FROM doc_records), 0))"
+)
+
+
+def _next_unused_id(conn: sqlite3.Connection) -> int:
+    (highest,) = conn.execute(_MAX_ID).fetchone()
+    return int(highest or 0) + 1
 
 
 def _prepare(path: Path) -> tuple[str, OwnerLock]:
@@ -519,7 +539,8 @@ class SqliteStorage:
         self._last_seq = meta.last_seq
         # The meta row holds a reservation above what is used, written only when commits pass it (about once
         # per thousand commits) and set exact at close: one page fewer to write per commit. After a crash the
-        # next process continues above the reservation: ids and seqs never come back, gaps are allowed.
+        # next process continues above the reservation for seqs (never shown; gaps are allowed) and from the
+        # highest stored id for ids (see `_next_unused_id`), so ids stay dense.
         self._reserved = (meta.next_id, meta.last_seq)
         self._closed = False
         self._uncheckpointed = 0
@@ -715,7 +736,7 @@ class SqliteStorage:
 
     async def _reload_meta(self) -> None:
         rows = await self._rows("SELECT next_id, last_seq FROM meta WHERE id = 1", (), "read meta")
-        self._next_id, self._last_seq = int(rows[0][0]), int(rows[0][1])
+        self._next_id, self._last_seq = abs(int(rows[0][0])), int(rows[0][1])
         self._reserved = (self._next_id, self._last_seq)
 
     # --- records ------------------------------------------------------------------------------------------

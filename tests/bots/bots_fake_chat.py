@@ -114,7 +114,7 @@ class FakeChat:
             int(raw["click"]),
             user_id=str(raw["user"]),
             user_name=str(raw["name"]),
-            approve=bool(raw["approve"]),
+            action="approve" if raw["approve"] else "deny",
         )
         self.transport.note(
             op="decision", gate=int(raw["click"]), accepted=decision.accepted, status=decision.status

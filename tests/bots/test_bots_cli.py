@@ -216,7 +216,7 @@ async def test_approvals_lists_a_pending_deploy_request(tmp_path: Path) -> None:
     assert "asked by alice" in pending and "approvers: U-lead" in pending
     inspected = await cli(config, "inspect", env=env)
     assert "pending approvals (1):" in inspected.stdout
-    assert any("core.tool deploy" in line and "waiting" in line for line in inspected.stdout.splitlines())
+    assert any("bridge.gate deploy" in line and "waiting" in line for line in inspected.stdout.splitlines())
 
 
 async def test_a_deploy_waiting_for_approval_survives_sigkill_and_runs_once_when_approved(
@@ -244,7 +244,7 @@ async def test_a_deploy_waiting_for_approval_survives_sigkill_and_runs_once_when
         decision = await bot.wait_for_fake(lambda r: r["op"] == "decision")
         assert decision["accepted"] and decision["status"] == "approved"
         answer = await bot.wait_for_fake(
-            lambda r: "Deployed payments 2.8.0 after approval" in r.get("text", "")
+            lambda r: "the deploy of payments 2.8.0 (request #" in r.get("text", "") and "ran." in r["text"]
         )
         assert await bot.terminate() == 0
     finally:

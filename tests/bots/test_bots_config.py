@@ -371,3 +371,15 @@ def test_check_config_names_a_postgresql_store_without_its_password(
     captured = capsys.readouterr()
     assert "DATABASE_URL" in captured.err and "postgresql://" in captured.err and captured.out == ""
     assert "hunter2" not in captured.err
+
+
+def test_check_config_names_every_missing_slack_secret_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "bot.toml"
+    path.write_text('[approvals]\napprovers = ["U1"]\n[adapters.slack]\nmode = "socket"\n')
+    assert main(["check-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "SLACK_BOT_TOKEN is not set" in out and "SLACK_APP_TOKEN is not set" in out  # both, in one run

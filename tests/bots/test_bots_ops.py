@@ -71,9 +71,20 @@ class Bot:
     def answers(self) -> list[str]:
         return [m.text for m in self.platform.in_place(PLACE) if m.gate is None]
 
+    async def answers_when(self, count: int) -> list[str]:
+        """The answers once there are `count` (a gate's outcome is reported in a turn of its own, started by
+        the gate's background task, so an idle harness does not mean it was reported yet)."""
+        for _ in range(1000):
+            await self.settle()
+            if len(self.answers()) >= count:
+                await self.settle()
+                return self.answers()
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"fewer than {count} answers: {self.answers()}")
+
     async def next_gate(self) -> tuple[int, dict[str, Any]]:
-        """Wait (on commits, not a timer) until an approval request is pending and its tool task waits for
-        it, which is when a human can see the buttons."""
+        """Wait (on commits, not a timer) until an approval request is pending and its gate task waits for
+        the decision, which is when a human can see the buttons."""
         harness = self.runtime.harness
         changed = asyncio.Event()
         dispose = harness.add_publication_listener(lambda _publication: changed.set())
@@ -81,7 +92,7 @@ class Bot:
             while True:
                 changed.clear()
                 for key, gate in (await harness.family(ApprovalDoc)).items():
-                    task = await harness.get_task(int(key))
+                    task = await harness.get_task(int(gate.get("task_id") or 0))
                     if (
                         gate.get("status") == "pending"
                         and task is not None
@@ -161,7 +172,7 @@ async def test_a_tool_that_cannot_write_its_file_says_which_setting_not_which_pa
     bot = await start_bot(config)
     await bot.say("100.1", "deploy checkout 1.4.3")
     gate_id, _ = await bot.next_gate()
-    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", action="approve")
     await bot.settle()
     answers = "\n".join(bot.answers())
     assert "Could not write the local deploy record (deploy.record_path)" in answers
@@ -187,23 +198,47 @@ def test_open_ticket_is_keyed_by_its_normalized_title(tmp_path: Path) -> None:
 # --- the faux:demo flow through the bridge ---------------------------------------------------------------
 
 
-async def test_demo_incident_waits_for_approval_then_deploys_with_the_idempotency_key(
+async def test_demo_incident_suggests_a_deploy_and_only_an_explicit_request_asks_for_one(
     tmp_path: Path, start_bot: Any
 ) -> None:
     bot = await start_bot(config_for(tmp_path, f'[deploy]\nwebhook_url = "{WEBHOOK}"\n'))
     with respx.mock(assert_all_called=False) as mock:
         hook = mock.post(WEBHOOK).respond(202, json={"deployment": "dep-77"})
         await bot.say("100.1", "<@bot> checkout is throwing errors")
+        await bot.settle()
+        (suggestion,) = bot.answers()
+        assert suggestion.startswith(
+            "The logs show 5 error(s) from checkout; the most frequent (4x) is: OrderService"
+        )
+        assert "say `deploy checkout 1.4.3`" in suggestion
+        assert await bot.runtime.harness.family(ApprovalDoc) == {}, "a log search never asks for a deploy"
+        for number, chat in enumerate(("are you there?", "we got an alert from checkout again", "ok thanks")):
+            await bot.say(f"200.{number}", chat)
+        await bot.settle()
+        assert await bot.runtime.harness.family(ApprovalDoc) == {}, "ordinary chat never asks for a deploy"
+
+        await bot.say("100.9", "deploy checkout 1.4.3")
         gate_id, gate = await bot.next_gate()
         assert gate["tool"] == "deploy" and gate["arguments"] == {"service": "checkout", "version": "1.4.3"}
         assert gate["requester"] == {"user_id": "U-alice", "user_name": "alice"}
         assert not hook.called, "nothing is deployed before an approver decides"
+        waiting = (await bot.answers_when(5))[-1]
+        # The explanation streamed before the gated call stays visible above the answer.
+        assert waiting.startswith(
+            "Requesting a deploy of checkout 1.4.3; it runs only after an approver clicks Approve.\n\n"
+            "I asked to deploy checkout 1.4.3; it waits for an approver"
+        )
+        assert f"request #{gate_id}; may approve: U-lead" in waiting
 
-        refused = await bot.runtime.bridge.decide(gate_id, user_id="U-alice", user_name="alice", approve=True)
+        refused = await bot.runtime.bridge.decide(
+            gate_id, user_id="U-alice", user_name="alice", action="approve"
+        )
         assert (refused.accepted, refused.reason) == (False, "not_an_approver")
-        decided = await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+        decided = await bot.runtime.bridge.decide(
+            gate_id, user_id="U-lead", user_name="lead", action="approve"
+        )
         assert decided.accepted and decided.status == "approved"
-        await bot.settle()
+        report = (await bot.answers_when(6))[-1]
 
     assert hook.call_count == 1
     request = hook.calls.last.request
@@ -211,12 +246,8 @@ async def test_demo_incident_waits_for_approval_then_deploys_with_the_idempotenc
     payload = json.loads(request.content)
     assert payload["service"] == "checkout" and payload["version"] == "1.4.3"
     assert (payload["requested_by"], payload["approved_by"]) == ("alice", "lead")
-    (answer,) = bot.answers()
-    assert answer.startswith(
-        "The logs show 5 error(s) from checkout; the most frequent (4x) is: OrderService"
-    )
-    assert "Deployed checkout 1.4.3 after approval" in answer and "HTTP 202" in answer
-    assert f"idempotency key deploy-{gate_id}" in answer
+    assert report.startswith(f"Done: the deploy of checkout 1.4.3 (request #{gate_id}) was approved by lead")
+    assert "HTTP 202" in report and f"idempotency key deploy-{gate_id}" in report
     (approval,) = [m for m in bot.platform.in_place(PLACE) if m.gate is not None]
     assert (
         approval.gate is not None
@@ -236,7 +267,7 @@ async def test_the_webhook_url_is_logged_without_its_credentials_or_query(
         hook = mock.post(url__startswith="https://deploy.test/hooks/deploy").respond(202)
         await bot.say("100.1", "deploy checkout 1.4.3")
         gate_id, _ = await bot.next_gate()
-        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
+        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", action="approve")
         await bot.settle()
     assert hook.call_count == 1
     assert "HTTP Request: POST https://***@deploy.test/hooks/deploy?token=***" in caplog.text  # httpx, INFO
@@ -251,13 +282,14 @@ async def test_demo_deploy_denied_or_self_approved_runs_nothing(tmp_path: Path, 
         await bot.say("100.1", "deploy payments 2.8.0 please", user="U-ops", name="ops")
         gate_id, gate = await bot.next_gate()
         assert gate["arguments"] == {"service": "payments", "version": "2.8.0"}
-        own = await bot.runtime.bridge.decide(gate_id, user_id="U-ops", user_name="ops", approve=True)
+        own = await bot.runtime.bridge.decide(gate_id, user_id="U-ops", user_name="ops", action="approve")
         assert (own.accepted, own.reason) == (False, "self_approval")
-        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=False)
-        await bot.settle()
+        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", action="deny")
+        answer = (await bot.answers_when(2))[-1]
     assert not hook.called
-    (answer,) = bot.answers()
-    assert "The deploy of payments 2.8.0 was not approved (deploy was denied by lead)" in answer
+    assert answer == (
+        f"The deploy of payments 2.8.0 (request #{gate_id}) was denied by lead, so nothing was run."
+    )
 
 
 async def test_without_a_webhook_the_deploy_is_recorded_locally_and_says_so(
@@ -266,11 +298,10 @@ async def test_without_a_webhook_the_deploy_is_recorded_locally_and_says_so(
     bot = await start_bot(config_for(tmp_path))
     await bot.say("100.1", "deploy checkout 1.4.3")
     gate_id, _ = await bot.next_gate()
-    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
-    await bot.settle()
+    await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", action="approve")
+    answer = (await bot.answers_when(2))[-1]
     (record,) = [json.loads(line) for line in (tmp_path / "deploys.jsonl").read_text().splitlines()]
     assert record["idempotency_key"] == f"deploy-{gate_id}" and record["approved_by"] == "lead"
-    (answer,) = bot.answers()
     assert "No deploy webhook is configured (deploy.webhook_url), so nothing was deployed for real" in answer
 
 
@@ -280,11 +311,11 @@ async def test_webhook_refusal_is_an_error_result_the_model_reports(tmp_path: Pa
         mock.post(WEBHOOK).mock(side_effect=httpx.ConnectError("refused"))
         await bot.say("100.1", "deploy checkout 1.4.3")
         gate_id, _ = await bot.next_gate()
-        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", approve=True)
-        await bot.settle()
-    (answer,) = bot.answers()
-    assert (
-        "`deploy` failed: Could not reach the deploy webhook (ConnectError); nothing was deployed." in answer
+        await bot.runtime.bridge.decide(gate_id, user_id="U-lead", user_name="lead", action="approve")
+        answer = (await bot.answers_when(2))[-1]
+    assert answer == (
+        f"The deploy of checkout 1.4.3 (request #{gate_id}) was approved by lead but failed: Could not reach "
+        "the deploy webhook (ConnectError); nothing was deployed."
     )
 
 
@@ -296,7 +327,7 @@ async def test_webhook_refusal_is_an_error_result_the_model_reports(tmp_path: Pa
             "payments is slow",
             "No fixed build is ready, so I opened a ticket: Opened TICKET-1: payments: ledger",
         ),
-        ("remind me in 5 minutes to check the dashboards", "Scheduled for "),
+        ("remind me in 5 minutes to check the dashboards", "Scheduled in 5 minutes (at "),
         ('/call search_logs {"pattern": "no space left"}', "`search_logs` returned:\n1 match(es)"),
         ("hello there", "Hi alice! I am the ops bot running the offline demo model"),
     ],

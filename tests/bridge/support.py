@@ -50,10 +50,25 @@ def echo(request: ModelRequest) -> AssistantMessage:
 
 
 def deploy_flow(request: ModelRequest) -> AssistantMessage:
+    """Asks for `deploy` (gated); answers the call's "awaits approval" result and, in a later turn of its own,
+    the gate's outcome; answers anything else plainly."""
     last = request.messages[-1]
     if isinstance(last, ToolResultMessage):
-        return faux_assistant(f"deploy result: {last.text()}")
+        return faux_assistant(f"waiting: {last.text()}")
+    text = user_texts(request)[-1]
+    if text.startswith("(approval #"):
+        return faux_assistant(f"deploy result: {text}")
+    if "ship it" not in text:
+        return faux_assistant(f"answer to {text}")
     return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="d1")])
+
+
+def waiting_and_outcome(replies: list[str]) -> tuple[str, str]:
+    """The two answers of one gated request: the "waiting" answer of its turn and the outcome's report."""
+    waiting = [r for r in replies if r.startswith("waiting: ")]
+    outcome = [r for r in replies if r.startswith("deploy result: ")]
+    assert len(waiting) == 1 and len(outcome) == 1, replies
+    return waiting[0], outcome[0]
 
 
 def remind(request: ModelRequest) -> AssistantMessage:

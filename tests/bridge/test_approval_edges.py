@@ -12,7 +12,7 @@ from adapters.bridge import ApprovalDoc, ApprovalPolicy
 from adapters.bridge.testing import MemoryTransport, PostedMessage
 from harness_core import ToolSpec, tool
 
-from .support import CHANNEL, Bot, Clock, deploy_flow
+from .support import CHANNEL, Bot, Clock, deploy_flow, waiting_and_outcome
 
 BotFactory = Callable[..., Awaitable[Bot]]
 MINUTE = 60_000
@@ -47,6 +47,16 @@ def replies(platform: MemoryTransport) -> list[str]:
     return [m.text for m in platform.in_place(CHANNEL) if m.gate is None]
 
 
+async def outcome(bot: Bot) -> str:
+    """The report of the gate's outcome (a turn of its own, after the "waiting" answer)."""
+    for _ in range(500):
+        await bot.settle()
+        if any(r.startswith("deploy result: ") for r in replies(bot.platform)):
+            return waiting_and_outcome(replies(bot.platform))[1]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no outcome was reported: {replies(bot.platform)}")
+
+
 async def test_self_approval_when_allowed_lets_the_requester_approve(bots: BotFactory) -> None:
     runs: list[str] = []
     policy = ApprovalPolicy(tools=["deploy"], approvers=["U1"], allow_self_approval=True)
@@ -54,12 +64,11 @@ async def test_self_approval_when_allowed_lets_the_requester_approve(bots: BotFa
     await bot.say("100.1", "ship it", user="U1", name="alice")
     message = await gate_message(bot)
     assert message.gate is not None and message.gate.requester_id == "U1"
-    decision = await bot.bridge.decide(gate_id(message), user_id="U1", user_name="alice", approve=True)
+    decision = await bot.bridge.decide(gate_id(message), user_id="U1", user_name="alice", action="approve")
     assert (decision.accepted, decision.status, decision.decided_by) == (True, "approved", "alice")
-    await bot.settle()
+    assert (await outcome(bot)).endswith("approved by alice and ran. Result: deployed api")
     await bot.bridge.approvals.stop()
     assert runs == ["api"]
-    assert replies(bot.platform) == ["deploy result: deployed api"]
     assert "approved by alice" in bot.platform.by_id(message.id).text
 
 
@@ -69,7 +78,7 @@ async def test_self_approval_does_not_make_the_requester_an_approver(bots: BotFa
     bot = await bots(responder=deploy_flow, tools=[deploy_tool(runs)], approvals=[policy])
     await bot.say("100.1", "ship it", user="U1", name="alice")
     message = await gate_message(bot)
-    decision = await bot.bridge.decide(gate_id(message), user_id="U1", user_name="alice", approve=True)
+    decision = await bot.bridge.decide(gate_id(message), user_id="U1", user_name="alice", action="approve")
     assert (decision.accepted, decision.reason) == (False, "not_an_approver")
     assert runs == []
 
@@ -80,19 +89,20 @@ async def test_a_click_on_an_expired_gate_is_refused_and_says_it_expired(bots: B
     bot = await bots(responder=deploy_flow, tools=[deploy_tool(runs)], approvals=[policy])
     await bot.say("100.1", "ship it")
     message = await gate_message(bot)
-    await bot.settle()  # the gate expires, the tool is blocked, the model answers
+    report = await outcome(bot)  # the gate expires, the tool does not run, the model reports it
     for _ in range(200):  # the approval message is updated to show the expiry
         if "expired" in message.text:
             break
         await asyncio.sleep(0.01)
     assert message.gate is not None and message.gate.status == "expired"
-    decision = await bot.bridge.decide(gate_id(message), user_id="UBOSS", user_name="boss", approve=True)
+    decision = await bot.bridge.decide(gate_id(message), user_id="UBOSS", user_name="boss", action="approve")
     assert (decision.accepted, decision.status, decision.reason) == (False, "expired", "already_decided")
     gate = await bot.harness.snapshot(ApprovalDoc, key=str(gate_id(message)))
     assert gate["status"] == "expired" and gate.get("decided_by") is None
     await bot.settle()
     assert runs == []
-    assert len(replies(bot.platform)) == 1 and "not approved in time" in replies(bot.platform)[0]
+    assert "expired without a decision; it did not run" in report
+    assert len(replies(bot.platform)) == 2
 
 
 async def _ask_then_close(
@@ -139,7 +149,7 @@ async def test_a_gate_that_expires_while_the_bot_is_down_is_expired_after_restar
     path, clock, runs, platform = tmp_path / "bot.sqlite", Clock(), [], MemoryTransport()
     _, gate = await _ask_then_close(bots, path, clock, runs, platform)
     bot = await _reopen(bots, path, clock, runs, platform, 61 * MINUTE)
-    await bot.settle()
+    report = await outcome(bot)
     for _ in range(200):
         if ("update_approval", str(gate)) in platform.calls:
             break
@@ -152,8 +162,8 @@ async def test_a_gate_that_expires_while_the_bot_is_down_is_expired_after_restar
     assert list(await bot.harness.family(ApprovalDoc)) == [str(gate)]
     [message] = [m for m in platform.messages if m.gate is not None]
     assert message.gate is not None and message.gate.status == "expired"
-    assert len(replies(platform)) == 1 and "not approved in time" in replies(platform)[0]
-    refused = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", approve=True)
+    assert "expired without a decision" in report and len(replies(platform)) == 2
+    refused = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", action="approve")
     assert (refused.accepted, refused.status) == (False, "expired")
 
 
@@ -166,13 +176,13 @@ async def test_a_gate_still_pending_after_restart_is_decided_without_asking_agai
     bot.harness.resume()
     await asyncio.sleep(0.2)
     assert runs == []
-    decision = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", approve=True)
+    decision = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", action="approve")
     assert decision.accepted
-    await bot.settle()
+    report = await outcome(bot)
     await bot.bridge.approvals.stop()
     assert runs == ["api"]
     assert [c for c in platform.calls if c[0] == "post_approval"] == [("post_approval", f"approval:{gate}")]
-    assert replies(platform) == ["deploy result: deployed api"]
+    assert report.endswith("approved by boss and ran. Result: deployed api")
 
 
 async def test_a_click_after_the_expiry_is_refused_even_before_the_gate_is_marked_expired(
@@ -181,11 +191,11 @@ async def test_a_click_after_the_expiry_is_refused_even_before_the_gate_is_marke
     path, clock, runs, platform = tmp_path / "bot.sqlite", Clock(), [], MemoryTransport()
     _, gate = await _ask_then_close(bots, path, clock, runs, platform)
     bot = await _reopen(bots, path, clock, runs, platform, 61 * MINUTE)
-    decision = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", approve=True)
-    await bot.settle()
+    decision = await bot.bridge.decide(gate, user_id="UBOSS", user_name="boss", action="approve")
+    report = await outcome(bot)
     await bot.bridge.approvals.stop()
     assert runs == []
     assert (decision.accepted, decision.status, decision.reason) == (False, "expired", "expired")
     doc = await bot.harness.snapshot(ApprovalDoc, key=str(gate))
     assert doc["status"] == "expired" and doc.get("decided_by") is None
-    assert len(replies(platform)) == 1 and "not approved in time" in replies(platform)[0]
+    assert "expired without a decision" in report and len(replies(platform)) == 2

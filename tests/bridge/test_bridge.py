@@ -36,6 +36,8 @@ from harness_core.models import ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_tool_call
 from harness_core.storage import MemoryStorage
 
+from .support import deploy_flow, waiting_and_outcome
+
 CHANNEL = Place("memory", "T1", "C1")
 MODEL = AgentChange(model=ModelRef(provider="faux", model_id="m"))
 
@@ -238,11 +240,16 @@ async def test_rate_limited_edit_is_retried(world_factory: Any) -> None:
     assert world.platform.texts(CHANNEL) == ["answer to alice: hi"]
 
 
-def deploy_flow(request: ModelRequest) -> AssistantMessage:
-    last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        return faux_assistant(f"deploy result: {last.text()}")
-    return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="d1")])
+async def replies_until(world: Any, predicate: Callable[[list[str]], bool]) -> list[str]:
+    """The bot's answers in the channel once `predicate` holds (a gate's outcome is a turn of its own)."""
+    replies: list[str] = []
+    for _ in range(500):
+        await world.settle()
+        replies = [m.text for m in world.platform.in_place(CHANNEL) if m.gate is None]
+        if predicate(replies):
+            return replies
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {replies}")
 
 
 async def test_approval_flow_refuses_non_approver_and_runs_once_after_approval(world_factory: Any) -> None:
@@ -264,20 +271,26 @@ async def test_approval_flow_refuses_non_approver_and_runs_once_after_approval(w
         await asyncio.sleep(0.01)
     [gate_message] = gates
     gate_id = gate_message.gate.gate_id  # type: ignore[union-attr]
-    refused = await world.bridge.decide(gate_id, user_id="URANDOM", user_name="mallory", approve=True)
+    refused = await world.bridge.decide(gate_id, user_id="URANDOM", user_name="mallory", action="approve")
     assert not refused.accepted and refused.reason == "not_an_approver"
-    requester = await world.bridge.decide(gate_id, user_id="U1", user_name="alice", approve=True)
+    requester = await world.bridge.decide(gate_id, user_id="U1", user_name="alice", action="approve")
     assert not requester.accepted and requester.reason == "not_an_approver"
-    accepted = await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", approve=True)
+    accepted = await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", action="approve")
     assert accepted.accepted and accepted.status == "approved"
-    again = await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", approve=False)
+    again = await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", action="deny")
     assert not again.accepted and again.reason == "already_decided" and again.decided_by == "boss"
-    await world.settle()
+    replies = await replies_until(world, lambda r: any("deploy result" in t for t in r))
     await world.bridge.approvals.stop()
     assert runs == ["api"]
     assert "approved by boss" in world.platform.by_id(gate_message.id).text
-    replies = [m.text for m in world.platform.in_place(CHANNEL) if m.gate is None]
-    assert replies == ["deploy result: deployed api"]
+    waiting, outcome = waiting_and_outcome(replies)
+    assert "awaits approval" in waiting and "may approve: UBOSS" in waiting
+    assert outcome.endswith("was approved by boss and ran. Result: deployed api")
+    # The outcome is posted after the card, not by editing a message above it.
+    order = [m.id for m in world.platform.in_place(CHANNEL)]
+    assert order.index(gate_message.id) < order.index(
+        next(m.id for m in world.platform.in_place(CHANNEL) if m.text == outcome)
+    )
 
 
 async def test_approval_expiry_denies(world_factory: Any) -> None:
@@ -292,10 +305,9 @@ async def test_approval_expiry_denies(world_factory: Any) -> None:
     policy = ApprovalPolicy(tools=["deploy"], approvers=["UBOSS"], expires_after_ms=100)
     world = await world_factory(deploy_flow, tools=[deploy], approvals=[policy])
     await world.say("100.1", "ship it")
-    await world.settle()
+    replies = await replies_until(world, lambda r: any("deploy result" in t for t in r))
     assert runs == []
-    replies = [m.text for m in world.platform.in_place(CHANNEL) if m.gate is None]
-    assert "not approved in time" in replies[-1]
+    assert "expired without a decision; it did not run" in waiting_and_outcome(replies)[1]
 
 
 async def test_schedule_tool_fires_an_input_into_the_same_place(world_factory: Any) -> None:
@@ -319,7 +331,7 @@ async def test_schedule_tool_fires_an_input_into_the_same_place(world_factory: A
         await asyncio.sleep(0.01)
         await world.settle()
     texts = world.platform.texts(CHANNEL)
-    assert texts[0].startswith("ok: Scheduled for")
+    assert texts[0].startswith("ok: Scheduled in 1 second (at ")
     assert texts[-1] == "time to check the deploy!"
 
 
@@ -355,10 +367,10 @@ async def test_requester_who_is_an_approver_cannot_approve_their_own_request(wor
             break
         await asyncio.sleep(0.01)
     gate_id = gates[0].gate.gate_id  # type: ignore[union-attr]
-    own = await world.bridge.decide(gate_id, user_id="U1", user_name="alice", approve=True)
+    own = await world.bridge.decide(gate_id, user_id="U1", user_name="alice", action="approve")
     assert not own.accepted and own.reason == "self_approval"
-    assert (await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", approve=True)).accepted
-    await world.settle()
+    assert (await world.bridge.decide(gate_id, user_id="UBOSS", user_name="boss", action="approve")).accepted
+    await replies_until(world, lambda r: any("deploy result" in t for t in r))
     assert runs == ["api"]
 
 

@@ -188,7 +188,9 @@ async def test_approval_requests_and_their_decisions_share_the_channel_budget() 
         [card] = [m for m in platform.messages if m.gate is not None]
         assert card.gate is not None
         await asyncio.sleep(INTERVAL * 3)  # the reply shows "waiting for approval" by now
-        decision = await bot.bridge.decide(card.gate.gate_id, user_id="UBOSS", user_name="boss", approve=True)
+        decision = await bot.bridge.decide(
+            card.gate.gate_id, user_id="UBOSS", user_name="boss", action="approve"
+        )
         assert decision.accepted
         await bot.settle()
         for _ in range(500):

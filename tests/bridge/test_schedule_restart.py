@@ -61,7 +61,7 @@ async def test_timer_survives_close_and_fires_once_at_its_time(tmp_path: Path, b
     bot = await reopen(0)
     await bot.say("100.1", "remind me")
     await bot.settle()
-    assert platform.texts(CHANNEL)[0].startswith("ok: Scheduled for")
+    assert platform.texts(CHANNEL)[0].startswith("ok: Scheduled in 10 minutes (at ")
     await bot.close()
     [timer], submissions, _ = await stored(path)
     assert (timer.state.status, timer.state.deadline) == ("waiting", timer.input["at"])
@@ -122,7 +122,7 @@ async def test_timer_survives_sigkill_and_a_crash_right_after_firing_submits_onc
     timer_id, at = armed.event("armed")["timer_id"], armed.event("armed")["at"]
     assert armed.event("armed")["deadline"] == at
     first_posts = posts(tmp_path)
-    assert len(first_posts) == 1  # "ok: Scheduled for ..."
+    assert len(first_posts) == 1  # "ok: Scheduled in ..."
 
     early = await run_worker(tmp_path, "resume", {"offset_ms": 5 * MINUTE})
     assert early.event("done") == {

@@ -36,9 +36,11 @@ WAIT = 15.0
 
 def respond(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        return faux_assistant(f"Deploy finished: {last.text()}")
+    if isinstance(last, ToolResultMessage):  # the gated call: it awaits approval
+        return faux_assistant("The deploy waits for approval.")
     text = user_text(last) if isinstance(last, UserMessage) else ""
+    if text.startswith("(approval #"):  # the gate's outcome, a turn of its own
+        return faux_assistant(f"Deploy finished: {text.split('Result: ', 1)[-1]}")
     if "deploy" in text:
         return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="deploy-1")])
     return faux_assistant(f"answer to {text}")

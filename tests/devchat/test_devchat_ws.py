@@ -324,6 +324,8 @@ async def test_bad_frames_are_answered_with_errors_and_the_connection_stays(rig:
     assert "no channel #nowhere" in (await page.until(lambda f: f["type"] == "error"))["text"]
     await page.send(type="channel", name="alice", channel="Release Train!")
     assert "channel name" in (await page.until(lambda f: f["type"] == "error"))["text"]
+    await page.send(type="click", name="alice", gate=1)  # neither action nor approve
+    assert "a click needs an action" in (await page.until(lambda f: f["type"] == "error"))["text"]
     await page.send(type="channel", name="alice", channel="release")
     created = await page.until(lambda f: any(e["type"] == "channel" for e in f.get("events", [])))
     assert created["events"][0]["channel"]["name"] == "release"
@@ -401,3 +403,27 @@ async def test_an_internal_failure_reaches_the_page_as_an_apology_with_an_incide
     assert found is not None, text
     [logged] = [r for r in caplog.records if found.group(1) in r.getMessage()]
     assert "/srv/durable-bots/var/devchat.sqlite" in logged.getMessage()
+
+
+async def test_only_the_requester_withdraws_a_request_and_the_card_says_so(
+    rig_factory: Callable[..., Awaitable[Rig]],
+) -> None:
+    rig = await rig_factory()
+    await rig.bridge.start()
+    await rig.start_adapter()
+    rig.harness.resume()
+    alice, _ = await rig.hello()
+    carol, _ = await rig.hello()
+    await alice.send(**post("client-0011", "@bot deploy api", channel="ops"))
+    frame = await alice.until(lambda f: any(m["kind"] == "approval" for m in message_events(f)))
+    card = next(m for m in message_events(frame) if m["kind"] == "approval")["gate"]
+    assert card["approvers"] == ["boss"]  # the card says who may approve
+    await carol.send(type="click", name="carol", gate=card["gate_id"], action="withdraw")
+    refused = await carol.until(lambda f: f["type"] == "notice")
+    assert refused["level"] == "error" and "only the person who asked (alice)" in refused["text"]
+    await alice.send(type="click", name="alice", gate=card["gate_id"], action="withdraw")
+    assert (await alice.until(lambda f: f["type"] == "notice"))["text"] == "you withdrew it"
+    await alice.until(final_bot("Deploy finished: (approval #"))
+    assert rig.runs == []
+    withdrawn = [m for m in alice.messages().values() if m["kind"] == "approval"]
+    assert [(m["gate"]["status"], m["gate"]["decided_by"]) for m in withdrawn] == [("withdrawn", "alice")]

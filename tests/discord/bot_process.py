@@ -75,10 +75,12 @@ def user_lines(request: ModelRequest) -> list[str]:
 
 def respond(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        if last.tool_name == "lookup":
-            return faux_assistant("Short final answer.")
-        return faux_assistant(f"deploy result: {last.text()}")
+    if isinstance(last, ToolResultMessage) and last.tool_name == "lookup":
+        return faux_assistant("Short final answer.")
+    if isinstance(last, ToolResultMessage):  # the gated call: it awaits approval
+        return faux_assistant("the deploy is waiting for approval")
+    if isinstance(last, UserMessage) and user_text(last).startswith("(approval #"):  # the gate's outcome
+        return faux_assistant(f"deploy result: {user_text(last).split('Result: ', 1)[-1]}")
     lines = user_lines(request)
     line = lines[-1]
     emit("request", last=line, users=lines)

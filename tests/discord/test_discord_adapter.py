@@ -85,8 +85,10 @@ def user_lines(request: ModelRequest) -> list[str]:
 
 def echo(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        return faux_assistant(f"deploy result: {last.text()}")
+    if isinstance(last, ToolResultMessage):  # the gated call: it awaits approval
+        return faux_assistant("the deploy is waiting for approval")
+    if isinstance(last, UserMessage) and user_text(last).startswith("(approval #"):  # the gate's outcome
+        return faux_assistant(f"deploy result: {user_text(last).split('Result: ', 1)[-1]}")
     if "please deploy" in user_lines(request)[-1]:
         return faux_assistant([faux_tool_call("deploy", {"service": "api"}, id="d1")])
     return faux_assistant(f"re {user_lines(request)[-1]}")
@@ -408,7 +410,11 @@ async def test_deciding_an_old_gate_replies_when_the_request_can_no_longer_be_ed
     gate = GateView(7, "deploy", {"service": "api"}, None, "Alice", "pending", None, None, 2_000_000_000_000)
     posted = await rig.transport.post_approval(world.place, gate, "approval:7")
     message = fake.message(int(posted))
-    assert message.custom_ids() == ["durable-bots:approve:7", "durable-bots:deny:7"]
+    assert message.custom_ids() == [
+        "durable-bots:approve:7",
+        "durable-bots:deny:7",
+        "durable-bots:withdraw:7",
+    ]
     assert await rig.transport.find(world.place, "approval:7") == posted
     fake.clock.advance(7200)  # a gate decided two hours later
     decided = GateView(7, "deploy", {"service": "api"}, None, "Alice", "approved", "Carol", 1, 2)
@@ -449,7 +455,7 @@ async def test_deny_click_blocks_the_tool_and_unknown_gates_are_answered(
     result = await fake.wait_for_message(
         world.general, predicate=lambda m: m.content.startswith("deploy result:"), timeout=10
     )
-    assert "deploy was denied by Carol" in result.content  # the model got the block as the tool's error
+    assert "was denied by Carol; it did not run" in result.content  # the outcome, a turn of its own
     await fake.wait_for(lambda: not gate.components, what="the buttons to go")
     assert gate.content.startswith("❌ `deploy` **denied** by Carol") and rig.deploys == []
 

@@ -129,7 +129,11 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
     await fake.user_sends(world.general, world.alice, "please deploy the api")
     gate = await fake.wait_for(lambda: approval_message(world), timeout=20, what="the approval request")
     gate_id = int(gate.custom_ids()[0].rsplit(":", 1)[1])
-    assert gate.custom_ids() == [f"durable-bots:approve:{gate_id}", f"durable-bots:deny:{gate_id}"]
+    assert gate.custom_ids() == [
+        f"durable-bots:approve:{gate_id}",
+        f"durable-bots:deny:{gate_id}",
+        f"durable-bots:withdraw:{gate_id}",
+    ]
     await fake.wait_for_message(world.general, predicate=lambda m: "waiting for approval" in m.content)
     first.process.kill()  # the gate waits durably; nothing of it lives in the process
     assert await first.wait() == -9
@@ -168,7 +172,7 @@ async def test_approval_click_after_a_restart_refuses_non_approvers_and_deploys_
 
 
 @pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL
-async def test_sigkill_between_click_and_decision_leaves_the_gate_open_for_another_click(
+async def test_sigkill_at_the_clicks_acknowledgement_keeps_the_decision_committed_before_it(
     fake: FakeDiscord, world: World, bots: Bots
 ) -> None:
     first = await bots.start()
@@ -176,16 +180,22 @@ async def test_sigkill_between_click_and_decision_leaves_the_gate_open_for_anoth
     gate = await fake.wait_for(lambda: approval_message(world), timeout=20, what="the approval request")
     approve = gate.custom_ids()[0]
     fake.kill_on("POST", "/interactions/{interaction_id}/{interaction_token}/callback", first.pid)
-    lost = await fake.click(gate, approve, world.carol)  # acknowledged, then the process dies
-    assert lost.answered_in_time and await first.wait() == -9
-    assert gate.custom_ids() == [approve, approve.replace("approve", "deny")] and bots.ledger() == []
+    await fake.click(gate, approve, world.carol)  # committed, then the process dies at the acknowledgement
+    assert await first.wait() == -9
+    assert len(bots.ledger()) <= 1  # the woken gate task may already have run the deploy
 
-    await bots.start()
-    again = await fake.click(gate, approve, world.carol)  # Discord never redelivers a click: she clicks again
-    assert again.answered_in_time and again.followups == []
-    await wait_final(fake, world.general, "deploy result:")
+    await bots.start()  # the decision stands: reported once, with no second click
+    result = await wait_final(fake, world.general, "deploy result:")
     await fake.wait_for(lambda: not gate.components, what="the buttons to go")
-    assert gate.content.startswith("✅ `deploy` **approved** by Carol") and len(bots.ledger()) == 1
+    assert gate.content.startswith("✅ `deploy` **approved** by Carol")
+    # The gate task may have committed the deploy's intent before the kill: then it is never run again and
+    # the report says so; otherwise it runs once after the restart.
+    if result.content == "deploy result: deployed api":
+        assert len(bots.ledger()) == 1
+    else:
+        assert result.content == "deploy result: Tool deploy was interrupted and may have partially run"
+        assert len(bots.ledger()) <= 1
+    assert len([m for m in world.answers() if m.content.startswith("deploy result:")]) == 1
 
 
 @pytest.mark.usefixtures("crash_backend")  # on SQLite and on PostgreSQL

@@ -13,7 +13,9 @@ Prints JSON lines on stdout: `ready` (with `url` in HTTP mode), `intake` (every 
 intake, with the submission's status), `held`, `stopped` (with the adapter's transport `health`). Runs until SIGTERM, then shuts down gracefully
 (adapter, bridge, harness).
 
-Test-only knobs (options): `hold_after_intake` blocks the first new intake after its commit, so the ack never
+Test-only knobs (options): `die_on_decision` SIGKILLs the process in the publication of an approval's
+commit (after the click is committed, before it is acknowledged); `die_in_deploy` SIGKILLs the process inside `deploy` right after its ledger line;
+`hold_after_intake` blocks the first new intake after its commit, so the ack never
 goes out, and never lets the model answer (the test SIGKILLs the process there); `hold`
 (`{"when": "story" | "tool_result" | <text>, "after_chunks": n or [n, m]}`) stops the model after n chunks
 until stdin says `release`.
@@ -35,6 +37,7 @@ from typing import Any
 from slack_e2e import STORY
 
 from adapters.bridge import (
+    ApprovalDoc,
     ApprovalPolicy,
     Bridge,
     BridgeConfig,
@@ -43,7 +46,17 @@ from adapters.bridge import (
     IntakeResult,
 )
 from adapters.slack import create
-from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
+from harness_core import (
+    AgentChange,
+    Extension,
+    Harness,
+    ModelRef,
+    Models,
+    Publication,
+    Registry,
+    ToolApi,
+    tool,
+)
 from harness_core.messages import AssistantMessage, ToolResultMessage, UserMessage, user_text
 from harness_core.models import ModelInfo, ModelRequest
 from harness_core.models.faux import FauxProvider, faux_assistant, faux_text, faux_tool_call
@@ -67,12 +80,14 @@ def ledger(line: str) -> None:
 
 def respond(request: ModelRequest) -> AssistantMessage:
     last = request.messages[-1]
-    if isinstance(last, ToolResultMessage):
-        if last.tool_name == "lookup":
-            return faux_assistant("Short final answer.")
-        return faux_assistant(f"deploy finished: {last.text()}")
+    if isinstance(last, ToolResultMessage) and last.tool_name == "lookup":
+        return faux_assistant("Short final answer.")
+    if isinstance(last, ToolResultMessage):  # the gated call's result: it awaits approval
+        return faux_assistant("The deploy of api waits for approval.")
     users = [user_text(m) for m in request.messages if isinstance(m, UserMessage)]
     asked = users[-1] if users else ""
+    if asked.startswith("(approval #"):  # the gate's outcome, a turn of its own
+        return faux_assistant(f"deploy finished: {asked.split('Result: ', 1)[-1]}")
     if "deploy" in asked:
         return faux_assistant(
             [
@@ -153,6 +168,13 @@ class TracingBridge(Bridge):
         return result
 
 
+def die_on_decision(publication: Publication) -> None:
+    """SIGKILL in the very publication of a committed decision: after the click's commit, before its ack."""
+    for doc in publication.docs:
+        if doc.record.kind == ApprovalDoc.kind and (doc.value or {}).get("status") == "approved":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def read_commands(faux: GatedFaux) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -180,6 +202,8 @@ async def main() -> None:
     def deploy(service: str, api: ToolApi) -> str:
         """Deploy a service to production."""
         ledger(f"deploy {service} task={api.task_id}")
+        if OPTIONS.get("die_in_deploy"):
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash inside the tool, after its effect
         return f"deployed {service}"
 
     @tool
@@ -210,6 +234,8 @@ async def main() -> None:
             )
         ],
     )
+    if OPTIONS.get("die_on_decision"):
+        harness.add_publication_listener(die_on_decision)
     registry.install(bridge.extension())
     registry.install(Extension("ops", tools=[deploy, lookup]))
     adapter = create(OPTIONS.get("slack", {}), os.environ)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from slack_e2e import STORY, Bots, People, replies_of_bot
+from slack_e2e import STORY, Bots, People, approval_messages, button, replies_of_bot
 
 from adapters.slack.safe_text import slack_text
 from adapters.slack.testing import Channel, FakeSlack, RecordedCall, SocketConnection
@@ -428,3 +428,37 @@ async def test_a_long_streamed_answer_is_split_into_parts_each_within_the_limit(
     keys = [str((m.event_payload or {}).get("key")) for m in parts]
     assert [k.rsplit("#", 1)[1] for k in keys] == [str(i) for i in range(len(parts))]
     assert fake.calls_to("chat.startStream")  # it streamed while the text fit
+
+
+async def test_a_click_counts_only_on_the_approval_requests_own_message(
+    fake: FakeSlack, people: People, bots: Bots
+) -> None:
+    ops = fake.add_channel("ops")
+    other = fake.add_channel("random")
+    await bots.start({"approvers": [people.carol.id]})
+    await fake.user_posts(ops, people.alice, f"<@{fake.bot_user_id}> please deploy api")
+    [request] = await fake.wait_for(lambda: approval_messages(fake, ops) or None, 10)
+    approve = button(request, "approve")
+    # The same signed button, on a message in another channel that is not the request: refused privately.
+    copy = fake.seed_message(other, "look at this", user=people.mallory, blocks=request.blocks)
+    forged = await fake.click(other, copy.ts, approve, user=people.carol)
+    assert forged.acked
+    await fake.wait_for(lambda: fake.ephemerals or None, 10)
+    assert [(e.user, e.text) for e in fake.ephemerals] == [
+        (
+            people.carol.id,
+            "This button is not on the approval request it names, so your click was not counted.",
+        )
+    ]
+    assert bots.ledger() == []
+    assert any(
+        b.get("type") == "actions" for b in fake.message(ops, request.ts).blocks or []
+    )  # still pending
+
+    # On the request itself, the same click counts: deployed once and reported after the card.
+    counted = await fake.click(ops, request.ts, approve, user=people.carol)
+    assert counted.acked
+    await fake.wait_for(
+        lambda: "deploy finished: deployed api" in [m.text for m in replies_of_bot(fake, ops)] or None, 15
+    )
+    assert len(bots.ledger()) == 1

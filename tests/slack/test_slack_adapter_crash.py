@@ -62,10 +62,11 @@ async def test_approval_flow_survives_a_kill_at_every_step(
         assert await attempt.wait_settled(10) == "acked"
     assert bot.intakes() and all(e["outcome"] == "duplicate" for e in bot.intakes())
 
-    # (c) SIGKILL after Carol's click (acked), before the decision commit (while her groups are looked up).
+    # (c) SIGKILL while Carol's click looks up her groups, before the decision commit: the click is not
+    # acknowledged (a click is committed before its ack), so Slack tells her it failed; nothing is decided.
     groups_lookup = fake.kill_on("usergroups.users.list", newest_pid(bots), after_effect=False)
     click = await fake.click(ops, request.ts, approve, user=people.carol)
-    assert click.acked
+    assert not click.acked
     assert await bot.wait_exit() == -9
     assert len(groups_lookup.fired) == 1
     assert bots.ledger() == []
@@ -73,14 +74,10 @@ async def test_approval_flow_survives_a_kill_at_every_step(
         b.get("type") == "actions" for b in fake.message(ops, request.ts).blocks or []
     )  # still pending
 
-    # (d) SIGKILL mid-stream: the answer after the deploy is being shown when the process dies.
-    mid_stream = fake.kill_on(
-        "chat.update", newest_pid(bots), after_effect=True, match=lambda c: "deploy finished" in text_of(c)
-    )
-    bot = await bots.start({**options, "hold": {"when": "tool_result", "after_chunks": 2}})
-
     # After the restart, clicks by people who are no approvers (one of them the requester) are refused
-    # privately; nothing is decided.
+    # privately; nothing is decided. Then Carol clicks again: SIGKILL right after her decision is committed,
+    # before the ack and before the tool runs.
+    bot = await bots.start({**options, "die_on_decision": True})
     for clicker in (people.mallory, people.alice):
         result = await fake.click(ops, request.ts, approve, user=clicker)
         assert result.acked
@@ -88,23 +85,45 @@ async def test_approval_flow_survives_a_kill_at_every_step(
     refusals = {e.user: e.text for e in fake.ephemerals}
     assert "not an approver" in refusals[people.mallory.id]
     assert "not an approver" in refusals[people.alice.id]
-
-    # Carol clicks again: approved, deployed; the model's answer is being streamed when the process dies.
     click = await fake.click(ops, request.ts, approve, user=people.carol)
-    assert click.acked
+    assert not click.acked
+    assert await bot.wait_exit() == -9
+    assert bots.ledger() == []
+
+    # (d) The committed decision runs the tool after the restart; SIGKILL inside the tool, after its effect.
+    bot = await bots.start({**options, "die_in_deploy": True}, wait_ready=False)
+    assert await bot.wait_exit() == -9
+    assert len(bots.ledger()) == 1
+
+    # (e) SIGKILL before the report reaches Slack: the tool is not run again (it is not replay-safe: the
+    # outcome says it may have partially run), and the report's first post never landed.
+    hold = {"when": "(approval #", "after_chunks": 2}
+    report_post = fake.kill_on(
+        "chat.postMessage",
+        newest_pid(bots),
+        after_effect=False,
+        match=lambda c: "blocks" not in c.args,  # the only answer posted in this process is the report
+    )
+    bot = await bots.start({**options, "hold": hold}, wait_ready=False)
+    assert await bot.wait_exit() == -9
+    assert len(report_post.fired) == 1
+
+    # (f) SIGKILL mid-stream: the report is being shown when the process dies.
+    mid_stream = fake.kill_on(
+        "chat.update", newest_pid(bots), after_effect=True, match=lambda c: "deploy finished" in text_of(c)
+    )
+    bot = await bots.start({**options, "hold": hold}, wait_ready=False)
     assert await bot.wait_exit() == -9
     assert len(mid_stream.fired) == 1
     assert text_of(mid_stream.fired[0]).endswith(" …")  # a partial: the model was still writing
-    assert len(bots.ledger()) == 1
 
-    # The last restart finishes the same answer message.
+    # The last restart finishes the same report message.
+    report = "deploy finished: Tool deploy was interrupted and may have partially run"
     bot = await bots.start(options)
-    await fake.wait_for(
-        lambda: [m.text for m in replies_of_bot(fake, ops)] == ["deploy finished: deployed api"], 15
-    )
+    await fake.wait_for(lambda: report in [m.text for m in replies_of_bot(fake, ops)], 15)
     await fake.wait_for(lambda: "Approved by Carol" in str(fake.message(ops, request.ts).blocks), 10)
 
-    # A late click is told who decided.
+    # A late click is told who decided, and when.
     late = await fake.click(
         ops, request.ts, approve, user=people.boss, stale=True
     )  # a client not yet updated
@@ -112,17 +131,14 @@ async def test_approval_flow_survives_a_kill_at_every_step(
     await fake.wait_for(lambda: any(e.user == people.boss.id for e in fake.ephemerals), 10)
     await bot.stop()
 
-    assert [e.text for e in fake.ephemerals if e.user == people.boss.id] == [
-        "This request for `deploy` was already approved by Carol."
-    ]
-    assert len(bots.ledger()) == 1  # deployed exactly once, across five processes
+    [late_answer] = [e.text for e in fake.ephemerals if e.user == people.boss.id]
+    assert late_answer.startswith("This request for `deploy` was already approved by Carol at <!date^")
+    assert len(bots.ledger()) == 1  # deployed exactly once, across eight processes
     assert approval_messages(fake, ops) == [request]  # asked once
     assert not any(b.get("type") == "actions" for b in fake.message(ops, request.ts).blocks or [])
-    answers = replies_of_bot(fake, ops)
-    assert len(answers) == 1
-    posts = fake.calls_to("chat.postMessage")
-    assert len([c for c in posts if "blocks" in c.args]) == 1
-    assert len([c for c in posts if "blocks" not in c.args]) == 1
+    answers = [m.text for m in replies_of_bot(fake, ops)]
+    # The explanation streamed before the gated call stays above the answer; the report once, after the card.
+    assert answers == ["Deploying api once approved.\n\nThe deploy of api waits for approval.", report]
     assert all(d.acked for d in post.deliveries)
     assert not [e for e in fake.ephemerals if e.user == people.carol.id]
 

@@ -114,7 +114,14 @@ async def test_http_retries_are_deduplicated_and_clicks_work_over_http(
     click = await fake.click(ops, request.ts, button(request, "approve"), user=people.carol)
     assert click.acked
     await fake.wait_for(
-        lambda: [m.text for m in replies_of_bot(fake, ops)] == ["deploy finished: deployed api"], 10
+        lambda: (
+            [m.text for m in replies_of_bot(fake, ops)]
+            == [
+                "Deploying api once approved.\n\nThe deploy of api waits for approval.",
+                "deploy finished: deployed api",
+            ]
+        ),
+        10,
     )
     await bot.stop()
     assert len(bots.ledger()) == 1

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
@@ -22,7 +24,7 @@ from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack import transport as slack_transport
 from adapters.slack._api import SlackPermanentError
-from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
+from adapters.slack.blocks import action_id, approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
@@ -323,10 +325,12 @@ def test_approval_blocks_encode_the_gate_and_show_the_decision() -> None:
     assert [e["action_id"] for e in actions[0]["elements"]] == [
         "durable_bots_gate:approve:42",
         "durable_bots_gate:deny:42",
+        "durable_bots_gate:withdraw:42",
     ]
-    assert [e["value"] for e in actions[0]["elements"]] == ["42", "42"]
+    assert [e["value"] for e in actions[0]["elements"]] == ["42", "42", "42"]
     assert all(len(b["text"]["text"]) <= 3000 for b in blocks if b["type"] == "section")
-    assert parse_action("durable_bots_gate:deny:42") == (False, 42)
+    assert parse_action("durable_bots_gate:deny:42") == ("deny", 42)
+    assert parse_action("durable_bots_gate:withdraw:42") == ("withdraw", 42)
     assert parse_action("someone_elses_button") is None
     for status, shown in (
         ("approved", "Approved by boss"),
@@ -563,3 +567,25 @@ async def test_the_memory_of_plain_messages_is_bounded_and_a_forgotten_one_is_st
     assert len(transport._plain) == 3  # was one per message posted, for ever
     await transport.edit(channel, posted[0], "answer 0, edited", "reply:0#0", final=True)  # long forgotten
     assert fake.message(general, posted[0]).text == "answer 0, edited"
+
+
+NEAR_MISSES = st.builds(
+    lambda verb, tail: f"durable_bots_gate:{verb}:{tail}",
+    st.sampled_from(["approve", "deny", "withdraw", "Approve", "", "approve:1"]),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=80), NEAR_MISSES))
+def test_parse_action_takes_only_its_own_action_ids_whatever_a_click_carries(raw: str) -> None:
+    parsed = parse_action(raw)
+    if parsed is not None:
+        verb, gate = parsed
+        head, _, digits = raw.rpartition(":")
+        assert head == f"durable_bots_gate:{verb}" and digits.isdigit() and int(digits) == gate
+
+
+@given(st.sampled_from(["approve", "deny", "withdraw"]), st.integers(min_value=0, max_value=2**53))
+def test_action_ids_round_trip(verb: str, gate: int) -> None:
+    assert parse_action(action_id(verb, gate)) == (verb, gate)

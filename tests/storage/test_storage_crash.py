@@ -99,8 +99,10 @@ async def check_complete(storage: Storage, acked: list[int]) -> list[int]:
     log = await storage.document(2)
     assert log is not None
     assert log.value == stored
-    assert meta.last_seq >= stored[-1]  # a new writer never reuses a seq or an id
-    assert meta.next_id >= stored[-1] * 10 + 10
+    assert meta.last_seq >= stored[-1]  # a new writer never reuses a seq or a stored id
+    # (An id minted but never stored, here the padding a batch's next_id leaves above its entries, was never
+    # observable; SQLite continues right above the stored ids after a crash, so ids people see stay dense.)
+    assert meta.next_id > max(e.id for e in entries)
     return stored
 
 

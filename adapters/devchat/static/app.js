@@ -7,6 +7,7 @@
   const CHANNEL_KEY = 'devchat.channel';
   const PENDING_KEY = 'devchat.pending';
   const MAX_BACKOFF_MS = 2000;
+  const WINDOW = 200; // top-level messages of a channel kept in the DOM; older ones on request
 
   const $ = (id) => document.getElementById(id);
 
@@ -50,6 +51,7 @@
     gateNotices: new Map(), // gate id -> {level, text}: answers to this page's own clicks
     renderQueued: false,
     stickToBottom: true,
+    shown: WINDOW, // newest top-level messages of the channel kept in the DOM
   };
 
   // --- small helpers ---------------------------------------------------------------------------------------
@@ -114,6 +116,7 @@
   function go(channel, thread) {
     const hash = `#/${encodeURIComponent(channel)}${thread ? '/' + thread : ''}`;
     if (location.hash !== hash) history.replaceState(null, '', hash);
+    if (state.channel !== channel) state.shown = WINDOW;
     state.channel = channel;
     state.thread = thread || null;
     saved.set(CHANNEL_KEY, channel);
@@ -145,7 +148,11 @@
       if (state.ws !== ws) return;
       state.ws = null;
       state.live = false;
-      setStatus('reconnecting', 'reconnecting…');
+      // What the panel shows is the last snapshot: while the bot is away it may say "running" for work that
+      // is not running. Mark it stale until the next snapshot arrives.
+      state.panelStale = true;
+      setStatus('reconnecting', 'bot unreachable, reconnecting…');
+      drawPanel();
       setTimeout(connect, state.backoff);
       state.backoff = Math.min(state.backoff * 2, MAX_BACKOFF_MS);
     });
@@ -199,6 +206,8 @@
         }, 2000);
         break;
       case 'notice':
+        // A decision time comes as a timestamp: shown in the reader's own clock, like every time on the page.
+        if (msg.decided_at) msg.text = `${msg.text} at ${clock(msg.decided_at)}`;
         if (msg.gate !== undefined && msg.gate !== null) {
           // Shown on the card while the request stays as it was when this page clicked.
           const card = Array.from(state.messages.values()).find((m) => m.gate && m.gate.gate_id === msg.gate);
@@ -208,6 +217,7 @@
         break;
       case 'panel':
         state.panel = msg;
+        state.panelStale = false;  // a fresh snapshot from the bot
         break;
       case 'error':
         toast(msg.text, 'error');
@@ -262,10 +272,10 @@
     render();
   }
 
-  function click(gate, approve) {
+  function click(gate, action) {
     if (!requireName()) return;
     state.gateNotices.delete(gate);
-    if (!send({ type: 'click', name: state.name, gate, approve })) toast('Not connected; try again.', 'error');
+    if (!send({ type: 'click', name: state.name, gate, action })) toast('Not connected; try again.', 'error');
     render();
   }
 
@@ -296,13 +306,17 @@
 
   // --- rendering --------------------------------------------------------------------------------------------
 
+  // One draw per animation frame at most: a streamed answer changes many times a second, and each draw only
+  // touches the window of messages on screen (see WINDOW), so a long channel streams as smoothly as a new one.
   function render() {
     if (state.renderQueued) return;
     state.renderQueued = true;
-    queueMicrotask(() => {
+    const run = () => {
       state.renderQueued = false;
       draw();
-    });
+    };
+    if (document.hidden) queueMicrotask(run);
+    else requestAnimationFrame(run);
   }
 
   // Keep one DOM node per key, in order; rebuild a node's content only when its signature changed.
@@ -342,6 +356,28 @@
     );
   }
 
+  function earlierItem(hidden) {
+    return {
+      key: 'earlier',
+      signature: String(hidden),
+      fill: (node) => {
+        node.className = 'earlier';
+        put(
+          node,
+          el('button', {
+            type: 'button',
+            dataTestid: 'show-earlier',
+            onclick: () => {
+              state.shown += WINDOW;
+              render();
+            },
+            text: `Show earlier messages (${hidden} more)`,
+          }),
+        );
+      },
+    };
+  }
+
   function messageItem(message, replies, options) {
     let notice = message.gate ? state.gateNotices.get(message.gate.gate_id) || null : null;
     if (notice && notice.status !== null && notice.status !== message.gate.status) notice = null;
@@ -364,7 +400,7 @@
       el('span', { class: 'author', dataTestid: 'author', text: message.author }),
       message.kind === 'human' ? null : el('span', { class: 'badge', text: 'bot' }),
       el('time', { dateTime: new Date(message.created_at).toISOString(), text: clock(message.created_at) }),
-      message.edited_at && message.kind === 'bot' && message.final ? el('span', { class: 'muted', text: '(edited)' }) : null,
+      null,  // a bot answer is edited as it streams: that is not an edit a reader needs to be told about
     );
     const body =
       message.kind === 'approval' && message.gate
@@ -392,29 +428,45 @@
       pending: 'Waiting for an approver',
       approved: `Approved by ${gate.decided_by} at ${clock(gate.decided_at)}`,
       denied: `Denied by ${gate.decided_by} at ${clock(gate.decided_at)}`,
+      withdrawn: `Withdrawn by ${gate.decided_by} at ${clock(gate.decided_at)} (not run)`,
       expired: `Expired at ${clock(gate.decided_at || gate.expires_at)} (not approved in time)`,
     }[gate.status] || gate.status;
+    const approvers = [...(gate.approvers || []), ...(gate.groups || []).map((g) => `group ${g}`)];
+    const pending = gate.status === 'pending';
     const card = el(
       'div',
       { class: `card ${gate.status}`, dataTestid: 'approval', dataStatus: gate.status, dataGate: String(gate.gate_id) },
-      el('p', { class: 'card-title' }, 'Approval needed: ', el('strong', { text: gate.tool })),
+      el('p', { class: 'card-title' }, `Approval #${gate.gate_id} needed: `, el('strong', { text: gate.tool })),
       el('pre', { class: 'args', dataTestid: 'approval-args', text: JSON.stringify(gate.arguments, null, 2) }),
       el('p', {
         class: 'muted',
-        text: `${gate.requester_name ? `asked by ${gate.requester_name} · ` : ''}expires ${clock(gate.expires_at)}`,
+        dataTestid: 'approval-who',
+        text: `${gate.requester_name ? `asked by ${gate.requester_name} · ` : ''}may approve: ${approvers.join(', ') || 'nobody'} · expires ${clock(gate.expires_at)}`,
       }),
       el('p', { class: 'card-status', dataTestid: 'approval-status', text: statusText }),
     );
-    if (gate.status === 'pending') {
-      card.append(
-        el(
-          'div',
-          { class: 'buttons', role: 'group', 'aria-label': `Decide ${gate.tool}` },
-          el('button', { type: 'button', class: 'approve', dataTestid: 'approve', onclick: () => click(gate.gate_id, true), text: 'Approve' }),
-          el('button', { type: 'button', class: 'deny', dataTestid: 'deny', onclick: () => click(gate.gate_id, false), text: 'Deny' }),
-        ),
-      );
-    }
+    // A decided card keeps its buttons, disabled and labelled by the status above, so it reads the same as
+    // before; a page that still shows them enabled gets "already approved by ..." privately on a click.
+    const button = (action, label, cls) =>
+      el('button', {
+        type: 'button',
+        class: cls,
+        dataTestid: action,
+        disabled: !pending,
+        'aria-disabled': String(!pending),
+        title: pending ? '' : statusText,
+        onclick: () => click(gate.gate_id, action),
+        text: label,
+      });
+    card.append(
+      el(
+        'div',
+        { class: 'buttons', role: 'group', 'aria-label': pending ? `Decide ${gate.tool}` : statusText },
+        button('approve', 'Approve', 'approve'),
+        button('deny', 'Deny', 'deny'),
+        button('withdraw', 'Withdraw', 'withdraw'),
+      ),
+    );
     if (notice) {
       card.append(el('p', { class: `card-notice ${notice.level}`, dataTestid: 'approval-notice', role: 'alert', text: notice.text }));
     }
@@ -484,12 +536,15 @@
     }[mode] || '';
     $('composer-input').placeholder = `Message #${state.channel}${hint ? ` — ${hint}` : ''}`;
 
-    // the channel
+    // the channel: only the newest `state.shown` messages are in the DOM; older ones on request
     const messages = Array.from(state.messages.values()).sort((a, b) => a.id - b.id);
     const top = messages.filter((m) => m.channel === state.channel && m.thread === null);
+    const hidden = Math.max(0, top.length - state.shown);
     drawList(
       $('messages'),
-      top.map((m) => messageItem(m, counts.get(m.id) || 0, { top: true })).concat(pendingIn(state.channel, null).map(pendingItem)),
+      (hidden ? [earlierItem(hidden)] : [])
+        .concat(top.slice(hidden).map((m) => messageItem(m, counts.get(m.id) || 0, { top: true })))
+        .concat(pendingIn(state.channel, null).map(pendingItem)),
     );
 
     // the open thread
@@ -513,6 +568,9 @@
 
   function drawPanel() {
     const panel = state.panel;
+    const aside = $('panel');
+    aside.dataset.stale = state.panelStale ? 'true' : 'false';
+    $('panel-stale').hidden = !state.panelStale;
     $('scheduling').textContent = panel.scheduling ? `(${panel.scheduling})` : '';
     const tasks = panel.tasks || [];
     reconcile(
@@ -581,6 +639,7 @@
       if (!name) return;
       state.name = name;
       saved.set(NAME_KEY, name);
+      state.gateNotices.clear();  // a refusal was for the previous name; it no longer applies
       if (state.live) setStatus('connected', `connected as ${name}`);
       toast(`You are ${name}.`, 'info');
       render();
