@@ -18,6 +18,7 @@ from harness_core._json import clean_json, clean_text
 from harness_core.documents import LiveDoc, UsageDoc
 from harness_core.errors import StrictJsonError
 from harness_core.messages import ImageContent, TextContent, ToolResultMessage, Usage
+from harness_core.models._json import argument_problem
 from harness_core.records import CORE_TOOL_RESULT, EntryDraft, Task
 from harness_core.tasks import Aborted, Checkpoint, Complete, Fail, TaskRuntime, Wait, define_task
 from harness_core.tools import (
@@ -245,7 +246,7 @@ async def _call_phase(task: Task, runtime: TaskRuntime) -> None:
         await _finish_with_error(runtime, task, name, "tool_unavailable", f"Tool {name} is not available")
         return
     if unparsed is not None:
-        message = f"invalid arguments for {name}: not a JSON object: {unparsed[:500]}"
+        message = f"invalid arguments for {name}: {argument_problem(unparsed)}: {unparsed[:500]}"
         await _finish_with_error(runtime, task, name, "invalid_arguments", message)
         return
     try:
