@@ -28,7 +28,8 @@ UserContent = str | list[TextContent | ImageContent]
 
 @dataclass(frozen=True)
 class Input:
-    """A user input. `request_id` makes submission exactly-once per conversation."""
+    """A user input. `request_id` makes submission exactly-once per conversation. The content must be strict
+    JSON text (`StrictJsonError` otherwise): clean text from outside with `clean_text` first."""
 
     content: UserContent
     request_id: str | None = None
@@ -37,7 +38,8 @@ class Input:
 
 @dataclass(frozen=True)
 class Write:
-    """An entry to append at the next boundary (never starts a model call)."""
+    """An entry to append at the next boundary (never starts a model call). Its data and messages are stored as
+    given: a value that is not strict JSON raises `StrictJsonError` naming its path, nothing is converted."""
 
     entry: EntryDraft
     request_id: str | None = None
