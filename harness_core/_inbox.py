@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness_core._json import WRAPPED_DEPTH, strict_copy
+from harness_core._json import WRAPPED_DEPTH, clean_text, strict_copy
 from harness_core.documents import InboxDoc, LiveDoc
 from harness_core.errors import ConversationBusy, RequestIdConflict
 from harness_core.messages import ImageContent, TextContent, UserMessage
@@ -192,7 +192,12 @@ async def settle_inputs(
         else:
             tx.put_submission(
                 submission.model_copy(
-                    update={"status": "unanswered", "reason": reason or "aborted", "detail": detail}
+                    update={
+                        "status": "unanswered",
+                        "reason": reason or "aborted",
+                        # Detail is an error text, which may quote outside text: made valid, never refused.
+                        "detail": None if detail is None else clean_text(detail),
+                    }
                 )
             )
 

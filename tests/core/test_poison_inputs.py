@@ -16,12 +16,14 @@ import pytest
 
 from harness_core import (
     EntryDraft,
+    Extension,
     Harness,
     Input,
     StrictJsonError,
     ToolApi,
     ToolResult,
     Write,
+    define_task,
     tool,
 )
 from harness_core.messages import AssistantMessage, TextContent, ToolResultMessage, UserMessage
@@ -29,7 +31,7 @@ from harness_core.models import ModelRequest
 from harness_core.models.faux import faux_assistant, faux_text, faux_tool_call
 from harness_core.storage import JsonlStorage, MemoryStorage, SqliteStorage, Storage
 
-from .helpers import FAUX, open_harness
+from .helpers import FAUX, open_harness, task_reaches
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -354,4 +356,39 @@ async def test_a_backend_refusing_a_commit_while_serializing_does_not_close_the_
     assert not harness.session.failed
     after = await root.submit(Write(EntryDraft(kind="app.note", data="after")))
     assert (await after.wait()).status == "done"
+    await harness.close()
+
+
+# --- error texts quote outside text: they are made valid, so the failure itself is always storable -----------
+
+
+async def test_an_exception_quoting_a_surrogate_still_ends_as_a_stored_error(tmp_path: Path) -> None:
+    @tool
+    def parse(text: str) -> str:
+        """Parse."""
+        raise ValueError(f"cannot parse {text}\udc00")
+
+    async def explode(_task: Any, _runtime: Any) -> None:
+        raise RuntimeError("bad \ud83d state")
+
+    boom = define_task("app.boom", phases={"start": explode})
+    respond = call_then_answer(faux_tool_call("parse", {"text": "x"}, id="p"))
+    harness, _ = await open_harness(
+        storage=await _sqlite(tmp_path),
+        tools=[parse],
+        extensions=[Extension("app", tasks=[boom])],
+        responder=respond,
+    )
+    root = await harness.root(agent=FAUX)
+    assert (await (await root.submit(Input("go"))).wait()).status == "done"
+    [result] = await tool_results(harness, root.id)
+    assert result.is_error and "ValueError: cannot parse x\ufffd" in result.text()
+
+    async def create(tx: Any) -> int:
+        return int((await harness.create_task_in(tx, "app.boom", None, conversation_id=root.id)).id)
+
+    task = await task_reaches(harness, await harness.commit(create), "terminal")
+    assert task.state.outcome.status == "faulted"
+    assert task.state.outcome.error.message == "RuntimeError: bad \ufffd state"
+    assert not harness.session.failed
     await harness.close()
