@@ -1,6 +1,6 @@
 """Property tests (hypothesis): arbitrary JSON-like values — with unpaired surrogates, NaN and infinities, huge
 ints, -0.0, sets and tuples, non-string keys and deep nesting — through the harness's public entry points
-(a written entry's data, a document, a task's input) on every storage backend. Each value is either stored and
+(an input's text, a written entry's data, a document, a task's input) on every storage backend. Each value is either stored and
 read back equal after reopening the store, or refused with `StrictJsonError`, and the harness stays healthy.
 An independent oracle below says which of the two must happen."""
 
@@ -22,6 +22,7 @@ from harness_core import (
     EntryDraft,
     Extension,
     Harness,
+    Input,
     Models,
     Registry,
     StrictJsonError,
@@ -156,6 +157,12 @@ async def _through_every_entry_point(backend: str, root_dir: Path, value: Any) -
 
         return int(await harness.commit(commit))
 
+    async def user_input() -> int:
+        submission = await root.submit(Input(value))
+        return int(submission.record.entry or 0)
+
+    if type(value) is str:  # an input's content is text
+        await attempt("input", value, user_input)
     await attempt("write", {"v": value}, write)
     await attempt("document", {"v": value}, document)
     await attempt("task input", value, task_input)
@@ -177,6 +184,10 @@ async def _through_every_entry_point(backend: str, root_dir: Path, value: Any) -
 
 async def _read_back(harness: Harness, conversation_id: int, stored: dict[str, int], value: Any) -> None:
     storage = harness.session.storage
+    if "input" in stored:
+        entry = await storage.entry(stored["input"])
+        assert entry is not None and entry.model is not None
+        assert exact(entry.model[0].content) == exact(value)
     if "write" in stored:
         entry = await storage.entry(stored["write"])
         assert entry is not None and exact(entry.data) == exact({"v": value})
