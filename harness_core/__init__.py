@@ -8,6 +8,7 @@ The curated public surface. Adapters and applications import from here (and from
 from harness_core._compaction import CompactionTask
 from harness_core._generation import GenerationTask
 from harness_core._inbox import Input, Write
+from harness_core._json import MAX_DEPTH, clean_json, clean_text
 from harness_core._session import DocPublication, Publication
 from harness_core._tool_task import ToolTask, detached_intent, run_detached_tool
 from harness_core._tx import Tx
@@ -104,6 +105,7 @@ __all__ = [
     "CORE_SYSTEM",
     "CORE_TOOL_RESULT",
     "CORE_USER",
+    "MAX_DEPTH",
     "ROOT_CONVERSATION_ID",
     "UNSET",
     "Aborted",
@@ -191,6 +193,8 @@ __all__ = [
     "WatchFrame",
     "WatchdogSettings",
     "Write",
+    "clean_json",
+    "clean_text",
     "define_doc",
     "define_task",
     "derive_context",

@@ -19,6 +19,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from harness_core._inbox import final_boundary, select, settle_inputs
+from harness_core._json import clean_text
 from harness_core._prompt import plan_system, render_sections
 from harness_core.context import ContextView, provider_messages, replay_system
 from harness_core.conversation import load_context
@@ -328,7 +329,7 @@ async def _stream(
             provider=ref.provider,
             model=ref.model_id,
             stop_reason="error",
-            error=ErrorInfo(message=f"{type(exc).__name__}: {exc}"),
+            error=ErrorInfo(message=clean_text(f"{type(exc).__name__}: {exc}")),  # may quote model output
         )
     # Stop the throttle before classification so no stale partial lands after the outcome.
     writer.cancel()

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from harness_core._json import WRAPPED_DEPTH, clean_text, strict_copy
 from harness_core.documents import InboxDoc, LiveDoc
 from harness_core.errors import ConversationBusy, RequestIdConflict
 from harness_core.messages import ImageContent, TextContent, UserMessage
@@ -27,7 +28,8 @@ UserContent = str | list[TextContent | ImageContent]
 
 @dataclass(frozen=True)
 class Input:
-    """A user input. `request_id` makes submission exactly-once per conversation."""
+    """A user input. `request_id` makes submission exactly-once per conversation. The content must be strict
+    JSON text (`StrictJsonError` otherwise): clean text from outside with `clean_text` first."""
 
     content: UserContent
     request_id: str | None = None
@@ -36,29 +38,57 @@ class Input:
 
 @dataclass(frozen=True)
 class Write:
-    """An entry to append at the next boundary (never starts a model call)."""
+    """An entry to append at the next boundary (never starts a model call). Its data and messages are stored as
+    given: a value that is not strict JSON raises `StrictJsonError` naming its path, nothing is converted."""
 
     entry: EntryDraft
     request_id: str | None = None
 
 
 def _content_json(content: UserContent) -> Any:
+    """The input's content as strict JSON. Python-mode dumps and a strict copy: pydantic's JSON mode would turn
+    what is not JSON into something else (NaN into null, a set into a list) instead of refusing it."""
     if isinstance(content, str):
-        return content
-    return [part.model_dump(mode="json") for part in content]
+        return strict_copy(content, "input content")
+    return strict_copy([part.model_dump() for part in content], "input content")
+
+
+def entry_json(entry: EntryDraft) -> dict[str, Any]:
+    """A written entry as strict JSON, as queued in `core.inbox` and hashed: nothing coerced, so the entry placed
+    later is the entry given; a value that is not strict JSON raises `StrictJsonError` naming its path."""
+    dumped = entry.model_dump(exclude_none=True)
+    data = entry.data
+    dumped.pop("data", None)
+    out: dict[str, Any] = strict_copy(dumped, f"entry {entry.kind}", limit=WRAPPED_DEPTH)
+    if data is not None:
+        out["data"] = strict_copy(data, f"entry {entry.kind} data")
+    return out
+
+
+def _payload_json(draft: Input | Write) -> tuple[Any, Any]:
+    if isinstance(draft, Input):
+        content = _content_json(draft.content)
+        return {"type": "input", "content": content}, content
+    entry = entry_json(draft.entry)
+    return {"type": "write", "entry": entry}, entry
 
 
 def payload_hash(draft: Input | Write) -> str:
-    if isinstance(draft, Input):
-        payload: Any = {"type": "input", "content": _content_json(draft.content)}
-    else:
-        payload = {"type": "write", "entry": draft.entry.model_dump(mode="json", exclude_none=True)}
+    return _hash(_payload_json(draft)[0])
+
+
+def _hash(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 async def admit(harness: Harness, tx: Tx, conversation_id: int, draft: Input | Write) -> Submission:
-    """Admit a submission: dedupe by request id, then place at once or queue."""
-    digest = payload_hash(draft)
+    """Admit a submission: dedupe by request id, then place at once or queue.
+
+    The content is checked first (strict JSON, DESIGN.md §2.3): a value that is not raises `StrictJsonError`
+    naming its path and nothing is written.
+    """
+    payload, checked = _payload_json(draft)
+    digest = _hash(payload)
     kind: Literal["input", "write"] = "input" if isinstance(draft, Input) else "write"
     if draft.request_id is not None:
         existing = await tx.submission_by_request(conversation_id, draft.request_id)
@@ -87,34 +117,24 @@ async def admit(harness: Harness, tx: Tx, conversation_id: int, draft: Input | W
         if busy or queued:
             mode = "steer" if draft.when_busy == "steer" else "followUp"
             inbox = await tx.doc(InboxDoc, conversation_id)
-            inbox.value["items"].append(
-                {"id": submission_id, "mode": mode, "content": _content_json(draft.content)}
-            )
+            inbox.value["items"].append({"id": submission_id, "mode": mode, "content": checked})
             tx.put_submission(base)
             if not busy:
                 await final_boundary(harness, tx, conversation_id, settle_inputs=None)
             return await _reread(tx, submission_id)
-        entry = place_user(tx, conversation_id, _content_json(draft.content))
+        entry = place_user(tx, conversation_id, checked)
         tx.put_submission(base.model_copy(update={"status": "placed", "entry": entry.id}))
         await start_run(harness, tx, conversation_id, [submission_id])
         return await _reread(tx, submission_id)
     if busy or queued:
         inbox = await tx.doc(InboxDoc, conversation_id)
-        inbox.value["items"].append(
-            {
-                "id": submission_id,
-                "mode": "write",
-                "entry": draft.entry.model_dump(mode="json", exclude_none=True),
-            }
-        )
+        inbox.value["items"].append({"id": submission_id, "mode": "write", "entry": checked})
         tx.put_submission(base)
         if not busy:
             await final_boundary(harness, tx, conversation_id, settle_inputs=None)
         return await _reread(tx, submission_id)
     tx.put_submission(base)
-    await place_write(
-        tx, conversation_id, submission_id, draft.entry.model_dump(mode="json", exclude_none=True)
-    )
+    await place_write(tx, conversation_id, submission_id, checked)
     return await _reread(tx, submission_id)
 
 
@@ -172,7 +192,12 @@ async def settle_inputs(
         else:
             tx.put_submission(
                 submission.model_copy(
-                    update={"status": "unanswered", "reason": reason or "aborted", "detail": detail}
+                    update={
+                        "status": "unanswered",
+                        "reason": reason or "aborted",
+                        # Detail is an error text, which may quote outside text: made valid, never refused.
+                        "detail": None if detail is None else clean_text(detail),
+                    }
                 )
             )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness_core._json import _Bad, _copy, _error
+from harness_core._json import INT_MAX, INT_MIN, MAX_DEPTH, _Bad, _bad_key, _copy, _error, _too_deep, _valid
 
 Op = dict[str, Any]
 
@@ -65,65 +65,76 @@ def _diff(src: Any, dst: Any, path: str, ops: list[Op]) -> None:
         ops.append({"op": "replace", "path": path, "value": dst})
 
 
-def copy_and_diff(src: Any, dst: Any, where: str) -> tuple[Any, list[Op]]:
+def copy_and_diff(src: Any, dst: Any, where: str, *, limit: int = MAX_DEPTH) -> tuple[Any, list[Op]]:
     """`strict_copy(dst, where)` and `json_diff(src, <that copy>)` in one walk: the same copy, the same ops
     (their values shared with the copy), the same error for a value that is not strict JSON. Every drafted
     document is copied and diffed at each commit; one walk instead of two."""
     ops: list[Op] = []
     try:
-        copied = _copy_diff(src, dst, "", ops)
+        copied = _copy_diff(src, dst, "", ops, 0, limit)
     except _Bad as bad:
         raise _error(where, bad) from None
     return copied, ops
 
 
-_PLAIN = frozenset((str, int, bool, type(None)))  # leaves that are their own strict copy
-
-
-def _copy_diff(src: Any, dst: Any, path: str, ops: list[Op]) -> Any:
+def _copy_diff(src: Any, dst: Any, path: str, ops: list[Op], depth: int, limit: int) -> Any:
     kind = type(dst)
     if kind is dict and type(src) is dict:
+        if depth >= limit:
+            raise _too_deep(limit)
         for key in src:
             if key not in dst:
                 ops.append({"op": "remove", "path": _pointer(path, key)})
         out: dict[str, Any] = {}
         for key, value in dst.items():
-            if type(key) is not str:
-                raise _Bad(f"key {key!r} is not a string")
+            if type(key) is not str or not (key.isascii() or _valid(key)):
+                raise _bad_key(key)
             try:
                 if key not in src:
-                    out[key] = copied = _copy(value)
+                    out[key] = copied = _copy(value, depth + 1, limit)
                     ops.append({"op": "add", "path": _pointer(path, key), "value": copied})
                     continue
                 old = src[key]
                 leaf = type(value)
-                if leaf in _PLAIN:
+                if (
+                    (leaf is str and value.isascii())
+                    or value is None
+                    or leaf is bool
+                    or (leaf is int and INT_MIN <= value <= INT_MAX)
+                ):
                     out[key] = value
                     if not (leaf is type(old) and old == value):
                         ops.append({"op": "replace", "path": _pointer(path, key), "value": value})
                     continue
-                out[key] = _copy_diff(old, value, _pointer(path, key), ops)
+                out[key] = _copy_diff(old, value, _pointer(path, key), ops, depth + 1, limit)
             except _Bad as bad:
                 bad.parts.append(f".{key}")
                 raise
         return out
     if kind is list and type(src) is list and len(src) == len(dst):
+        if depth >= limit:
+            raise _too_deep(limit)
         items: list[Any] = []
         for index, value in enumerate(dst):
             old = src[index]
             leaf = type(value)
-            if leaf in _PLAIN:
+            if (
+                (leaf is str and value.isascii())
+                or value is None
+                or leaf is bool
+                or (leaf is int and INT_MIN <= value <= INT_MAX)
+            ):
                 items.append(value)
                 if not (leaf is type(old) and old == value):
                     ops.append({"op": "replace", "path": f"{path}/{index}", "value": value})
                 continue
             try:
-                items.append(_copy_diff(old, value, f"{path}/{index}", ops))
+                items.append(_copy_diff(old, value, f"{path}/{index}", ops, depth + 1, limit))
             except _Bad as bad:
                 bad.parts.append(f"[{index}]")
                 raise
         return items
     # Anything else: copy it whole, then diff as json_diff does (appends, truncations, replacements).
-    copied = _copy(dst)
+    copied = _copy(dst, depth, limit)
     _diff(src, copied, path, ops)
     return copied

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from harness_core._json import clean_text
 from harness_core.logcontext import log_context
 from harness_core.records import Outcome, Task, TaskErrorInfo, TaskState
 from harness_core.tasks import Aborted, TaskRuntime
@@ -299,7 +300,8 @@ class Scheduler:
             task = await tx.task(task_id)
             if task is None or not task.live or task.state.status == "completing":
                 return
-            outcome = Outcome(status="faulted", error=TaskErrorInfo(message=message))
+            # The message quotes an exception, which may quote outside text: made valid so the fault is storable.
+            outcome = Outcome(status="faulted", error=TaskErrorInfo(message=clean_text(message)))
             tx.put_task(task.model_copy(update={"state": TaskState(status="terminal", outcome=outcome)}))
 
         try:

@@ -4,7 +4,9 @@ Commit callbacks run one at a time. Callbacks that are queued together form a gr
 state left by the previous ones (the group overlay), then the whole group is written to storage in one
 transaction, and only then is anything published (listeners, caches, callers' results). A storage failure at
 that point is uncertain, so the session closes with reason `failed`; an exception inside a callback only
-discards that callback's writes.
+discards that callback's writes. Preparing a commit is never uncertain: values are checked in `Tx.prepare`, and
+a backend that still refuses a group while serializing it (before any write) raises `StrictJsonError`, which
+fails that group's commits and leaves the session open.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from harness_core.documents import DocAddress
-from harness_core.errors import HarnessClosed, InvalidOperation, StorageError
+from harness_core.errors import HarnessClosed, InvalidOperation, StorageError, StrictJsonError
 from harness_core.records import Conversation, DocumentRecord, Entry, Submission, Task
 from harness_core.storage._protocol import CommitBatch, Storage
 
@@ -215,6 +217,15 @@ class Session:
                 continue
             try:
                 await self.storage.commit([item[1] for item in group])
+            except StrictJsonError as exc:
+                # The backend refused the group while serializing it, before writing anything: certain, not
+                # uncertain. The group's commits fail with the error and the line goes on (their ids and seqs
+                # are skipped, which storage allows).
+                log.error("storage refused a commit before writing it: %s", exc)
+                for pending, *_ in group:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                continue
             except BaseException as exc:
                 self._fail(exc, [item[0] for item in group])
                 if not isinstance(exc, Exception):

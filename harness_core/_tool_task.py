@@ -21,8 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness_core._json import clean_json, clean_text
 from harness_core.documents import LiveDoc, UsageDoc
+from harness_core.errors import StrictJsonError
 from harness_core.messages import ImageContent, TextContent, ToolResultMessage, Usage
+from harness_core.models._json import argument_problem
 from harness_core.records import CORE_TOOL_RESULT, EntryDraft, Task
 from harness_core.tasks import Aborted, Checkpoint, Complete, Fail, TaskRuntime, Wait, define_task
 from harness_core.tools import (
@@ -45,8 +48,11 @@ if TYPE_CHECKING:
 
 
 def _bound(text: str, limits: OutputLimits) -> tuple[str, int, int]:
-    """Keep whole lines within the limits (head or tail); returns (text, dropped lines, dropped bytes)."""
-    text = "".join(ch for ch in text if ch in "\t\n" or ch >= " " or ord(ch) > 127)
+    """Keep whole lines within the limits (head or tail); returns (text, dropped lines, dropped bytes).
+
+    Tool output is text from outside: control characters go, unpaired surrogates become U+FFFD (after joining
+    the chunks, so a pair split across two `output()` calls stays one character)."""
+    text = "".join(ch for ch in clean_text(text) if ch in "\t\n" or ch >= " " or ord(ch) > 127)
     lines = text.splitlines(keepends=True)
     keep = lines if limits.retain == "head" else list(reversed(lines))
     kept: list[str] = []
@@ -110,7 +116,8 @@ def _result_entry(
     duration_ms: int | None = None,
     diagnostics: list[dict[str, Any]] | None = None,
 ) -> int:
-    diagnostics = diagnostics or []
+    # Messages quote exceptions, which may quote outside text: made valid, so the result is always storable.
+    diagnostics = [{**d, "message": clean_text(str(d["message"]))} for d in diagnostics or []]
     if diagnostics:
         block = "\n".join(f"[{d['severity']}] {d['message']}" for d in diagnostics)
         content = [*content, TextContent(text=f"<harness>\n{block}\n</harness>")]
@@ -172,6 +179,24 @@ async def _call_details(harness: Harness, task: Task) -> tuple[str, dict[str, An
                     # the tool, its hooks and its validation may edit nested arguments in place.
                     return call.name, copy.deepcopy(call.arguments), assistant_id, call.partial_json
     raise RuntimeError(f"tool task {task.id}: call {call_id} not found in entry {assistant_id}")
+
+
+def _as_result(name: str, raw: Any) -> ToolResult:
+    """What a tool's execute returned, as a result; anything but a str or a ToolResult is refused (its repr
+    would be stored instead of what the tool meant)."""
+    if isinstance(raw, str):
+        return ToolResult(content=raw)
+    if isinstance(raw, ToolResult):
+        return raw
+    raise StrictJsonError(
+        f"tool {name} returned {type(raw).__name__}; return a str or a ToolResult "
+        "(structured data goes in ToolResult.details)"
+    )
+
+
+def _checked_details(name: str, details: Any) -> Any:
+    """A result's details: tool output, so strings are made valid; otherwise strict JSON (StrictJsonError)."""
+    return None if details is None else clean_json(details, f"details of tool {name}")
 
 
 def _defer_commit(until: int | None) -> Any:
@@ -294,6 +319,8 @@ async def run_detached_tool(runtime: TaskRuntime, intent: dict[str, Any], *, rec
         content.append(TextContent(text=f"{type(done.error).__name__}: {done.error}"))
     if done.timed_out is not None:
         content.append(TextContent(text=done.timed_out))
+    if done.invalid is not None:
+        content.append(TextContent(text=str(done.invalid)))
     return ToolResult(content=content, is_error=done.is_error, details=done.details, usage=done.usage)
 
 
@@ -306,7 +333,7 @@ async def _call_phase(task: Task, runtime: TaskRuntime) -> None:
         await _finish_with_error(runtime, task, name, "tool_unavailable", f"Tool {name} is not available")
         return
     if unparsed is not None:
-        message = f"invalid arguments for {name}: not a JSON object: {unparsed[:500]}"
+        message = f"invalid arguments for {name}: {argument_problem(unparsed)}: {unparsed[:500]}"
         await _finish_with_error(runtime, task, name, "invalid_arguments", message)
         return
     try:
@@ -399,6 +426,7 @@ class _Invoked:
     diagnostics: list[dict[str, Any]]
     control: ToolControl | None
     timed_out: str | None = None  # past its time limit: the task fails with this message
+    invalid: StrictJsonError | None = None  # the tool's result was not strict JSON: the task fails with it
 
 
 async def _execute(
@@ -442,6 +470,8 @@ async def _invoke(
             await asyncio.sleep(interval)
 
     async def on_details(value: Any) -> None:
+        # Checked here, so a tool passing something that is not strict JSON gets the error at its call.
+        value = clean_json(value, f"details of tool {spec.name}")
         details_box[:] = [value]
         if not stream_to_slot:
             return
@@ -481,7 +511,7 @@ async def _invoke(
         api.env = await runtime.env()
         async with deadline:
             raw = await spec.execute(arguments, api)
-        result = ToolResult(content=raw) if isinstance(raw, str) else raw
+        result = _as_result(spec.name, raw)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -540,6 +570,12 @@ async def _invoke(
             raise
         except Exception as exc:
             harness.report(exc)
+    invalid: StrictJsonError | None = None
+    try:
+        result_details = _checked_details(spec.name, result.details)
+    except StrictJsonError as exc:
+        invalid, result_details = exc, None
+        diagnostics.append({"severity": "error", "message": str(exc), "code": "invalid_details"})
     bounded: list[TextContent | ImageContent] = []
     content_items = (
         result.content if isinstance(result.content, list) else [TextContent(text=result.content or "")]
@@ -556,18 +592,25 @@ async def _invoke(
                     }
                 )
             bounded.append(TextContent(text=text))
+        elif isinstance(item, ImageContent):
+            bounded.append(ImageContent(data=clean_text(item.data), mime_type=clean_text(item.mime_type)))
         else:
-            bounded.append(item)
+            invalid = StrictJsonError(
+                f"tool {spec.name} returned a content item of type {type(item).__name__}; "
+                "content is a str or a list of TextContent and ImageContent"
+            )
+            diagnostics.append({"severity": "error", "message": str(invalid), "code": "invalid_content"})
     return _Invoked(
         content=bounded,
-        is_error=result.is_error or error is not None,
+        is_error=result.is_error or error is not None or invalid is not None,
         error=error,
-        details=result.details,
+        details=result_details,
         usage=result.usage,
         duration_ms=duration_ms,
         diagnostics=diagnostics,
         control=result.control,
         timed_out=timed_out,
+        invalid=invalid,
     )
 
 
@@ -581,7 +624,7 @@ async def _add_usage(tx: Tx, conversation_id: int, tool_name: str, usage: Usage 
 async def _commit_result(
     runtime: TaskRuntime, conversation_id: int, call_id: str, tool_name: str, done: _Invoked
 ) -> None:
-    error, control, timed_out = done.error, done.control, done.timed_out
+    error, control, timed_out, invalid = done.error, done.control, done.timed_out, done.invalid
 
     async def commit(tx: Tx, _task: Task) -> Complete | Fail:
         entry_id = _result_entry(
@@ -604,6 +647,8 @@ async def _commit_result(
             return Fail(f"{type(error).__name__}: {error}", result={"entry_id": entry_id})
         if timed_out is not None:
             return Fail(timed_out, result={"entry_id": entry_id})
+        if invalid is not None:
+            return Fail(str(invalid), result={"entry_id": entry_id})
         control_json = None
         if control is not None:
             control_json = {
@@ -652,8 +697,19 @@ async def _abort(task: Task, runtime: TaskRuntime) -> None:
                 result = replaced
         except Exception as exc:
             harness.report(exc)
-    content = result.content if isinstance(result.content, list) else [TextContent(text=result.content or "")]
+    content = [
+        TextContent(text=clean_text(c.text)) if isinstance(c, TextContent) else c
+        for c in (
+            result.content if isinstance(result.content, list) else [TextContent(text=result.content or "")]
+        )
+        if isinstance(c, (TextContent, ImageContent))
+    ]
     diagnostics = [{"severity": "error", "message": f"Tool {name} was aborted", "code": "aborted"}]
+    try:
+        abort_details = _checked_details(name, result.details)
+    except StrictJsonError as exc:
+        abort_details = None
+        diagnostics.append({"severity": "error", "message": str(exc), "code": "invalid_details"})
 
     async def commit(tx: Tx, _task: Task) -> Aborted:
         entry_id = _result_entry(
@@ -663,7 +719,7 @@ async def _abort(task: Task, runtime: TaskRuntime) -> None:
             name,
             [c for c in content if not (isinstance(c, TextContent) and not c.text)],
             is_error=True,
-            details=result.details,
+            details=abort_details,
             diagnostics=diagnostics,
         )
         await _set_slot(

@@ -7,7 +7,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from harness_core._ancestry import ancestry, visible_in
-from harness_core._json import check_json, strict_copy
+from harness_core._json import WRAPPED_DEPTH, check_json, check_record, check_text, strict_copy
 from harness_core._jsondiff import copy_and_diff
 from harness_core._layers import DocState, Layer
 from harness_core.documents import DocAddress, DocDefinition, DocDraft, address_of, migrated
@@ -416,7 +416,7 @@ class Tx:
             draft = DocDraft(
                 definition,
                 state.record,
-                strict_copy(value),
+                strict_copy(value, definition.kind, limit=WRAPPED_DEPTH),
                 original=value,
                 stored_version=state.version,
                 created=False,
@@ -454,7 +454,12 @@ class Tx:
         )
         value = definition.make_initial(seed)
         return DocDraft(
-            definition, record, strict_copy(value), original=value, stored_version=None, created=True
+            definition,
+            record,
+            strict_copy(value, definition.kind, limit=definition.depth_limit),
+            original=value,
+            stored_version=None,
+            created=True,
         )
 
     async def snapshot(
@@ -541,11 +546,28 @@ class Tx:
         batch.entries = list(self._entry_order)
         batch.tasks = list(self.local.tasks.values())
         batch.submissions = list(self.local.submissions.values())
+        # Every value a record carries is strict JSON before the batch reaches storage, so serializing it there
+        # can neither fail (an unpaired surrogate) nor change it (NaN, a set): a bad value fails this commit
+        # only, and the harness stays up (DESIGN.md §2.3).
+        for entry in batch.entries:
+            check_text(entry.kind, "entry kind")
+            if entry.model is not None:
+                check_record(entry.model, f"entry {entry.kind} model")
+            if entry.edits is not None:
+                check_record(entry.edits, f"entry {entry.kind} edits")
         for task in batch.tasks:
+            check_text(task.kind, "task kind")
             check_json(task.input, f"task {task.id} input")
             if task.state.checkpoint is not None:
-                check_json(task.state.checkpoint, f"task {task.id} checkpoint")
-            check_json(task.memos, f"task {task.id} memos")
+                check_json(task.state.checkpoint, f"task {task.id} checkpoint", limit=WRAPPED_DEPTH)
+            check_json(task.memos, f"task {task.id} memos", limit=WRAPPED_DEPTH)
+            check_text(task.abort_reason, f"task {task.id} abort reason")
+            if task.state.outcome is not None:
+                check_record(task.state.outcome, f"task {task.id} outcome")
+        for submission in batch.submissions:
+            check_text(submission.request_id, f"submission {submission.id} request id")
+            check_text(submission.reason, f"submission {submission.id} reason")
+            check_text(submission.detail, f"submission {submission.id} detail")
         publication.conversations = batch.conversations
         publication.entries = batch.entries
         publication.tasks = batch.tasks
@@ -583,14 +605,18 @@ class Tx:
         definition = draft.definition
         retiring = address in self._retired and self._retired[address].id == draft.record.id
         if draft.created:
-            final = strict_copy(draft._final(), definition.kind)
+            check_text(definition.kind, "document kind")
+            check_text(draft.record.key, f"{definition.kind} key")
+            final = strict_copy(draft._final(), definition.kind, limit=definition.depth_limit)
             batch.doc_creates.append(DocCreate(record=draft.record, version=definition.version, value=final))
             publication.docs.append(DocPublication(record=draft.record, value=final, ops=None, created=True))
             if not retiring:
                 self.local.docs[address] = DocState(draft.record, definition.version, final, 0)
             return
         version_changed = draft.stored_version != definition.version
-        final, ops = copy_and_diff(draft.original, draft._final(), definition.kind)
+        final, ops = copy_and_diff(
+            draft.original, draft._final(), definition.kind, limit=definition.depth_limit
+        )
         if not ops and not version_changed:
             return
         deltas = draft.deltas

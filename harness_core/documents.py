@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness_core._json import strict_copy
+from harness_core._json import MAX_DEPTH, WRAPPED_DEPTH, strict_copy
 from harness_core.errors import DraftRevoked
 from harness_core.records import DocFork, DocHistory, DocScope, DocumentRecord
 
@@ -45,7 +45,13 @@ class DocDefinition:
 
     def make_initial(self, seed: Any = None) -> Any:
         value = self.initial(seed) if self.family else self.initial()
-        return strict_copy(value, f"{self.kind} initial value")
+        return strict_copy(value, f"{self.kind} initial value", limit=self.depth_limit)
+
+    @property
+    def depth_limit(self) -> int:
+        """Nesting allowed in the value: `MAX_DEPTH`; core documents wrap values given to the harness (queued
+        entries, partial messages), so they get the wrapped limit."""
+        return WRAPPED_DEPTH if self.kind.startswith("core.") else MAX_DEPTH
 
 
 def define_doc(
@@ -165,7 +171,7 @@ class DocDraft:
             raise DraftRevoked(
                 f"document {self.definition.kind} draft used after its commit callback returned"
             )
-        self._value = strict_copy(new, self.definition.kind)
+        self._value = strict_copy(new, self.definition.kind, limit=self.definition.depth_limit)
 
     def _revoke(self) -> None:
         self._revoked = True
@@ -191,7 +197,9 @@ def migrated(definition: DocDefinition, stored_version: int, value: Any) -> Any:
             f"{definition.version} has no migrate()"
         )
     return strict_copy(
-        definition.migrate(copy.deepcopy(value), stored_version), f"{definition.kind} migration"
+        definition.migrate(copy.deepcopy(value), stored_version),
+        f"{definition.kind} migration",
+        limit=definition.depth_limit,
     )
 
 

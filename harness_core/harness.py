@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, overload
 from harness_core._ancestry import ancestry, visible_in
 from harness_core._context_cache import ContextCache
 from harness_core._inbox import Input, Write, admit
-from harness_core._json import strict_copy
+from harness_core._json import WRAPPED_DEPTH, strict_copy
 from harness_core._reconcile import LiveView, ordinary_owned_work, reconcile
 from harness_core._scheduler import Blocked, Scheduler
 from harness_core._session import CloseInfo, Publication, Session, TaskScope
@@ -471,7 +471,9 @@ class Harness:
             input=clean_input,
             owner_task_id=owner_task_id,
             background=background,
-            state=TaskState(status="pending", checkpoint=strict_copy(definition.initial(clean_input))),
+            state=TaskState(
+                status="pending", checkpoint=_checkpoint_copy(definition.initial(clean_input), kind)
+            ),
         )
         tx.put_task(task)
         return task
@@ -513,7 +515,7 @@ class Harness:
     async def _apply_transition(self, tx: Tx, task: Task, transition: Transition) -> Task:
         if isinstance(transition, Checkpoint):
             _check_checkpoint(transition.checkpoint)
-            state = TaskState(status="running", checkpoint=strict_copy(transition.checkpoint))
+            state = TaskState(status="running", checkpoint=_checkpoint_copy(transition.checkpoint, task.kind))
             return task.model_copy(update={"state": state, "restarts": 0, "seq": tx.seq})
         if isinstance(transition, Wait):
             _check_checkpoint(transition.checkpoint)
@@ -533,7 +535,7 @@ class Harness:
                     chain = None if owner is None else owner.owner_task_id
             state = TaskState(
                 status="waiting",
-                checkpoint=strict_copy(transition.checkpoint),
+                checkpoint=_checkpoint_copy(transition.checkpoint, task.kind),
                 on=list(transition.on),
                 policy=transition.policy,
                 deadline=transition.deadline,
@@ -853,6 +855,11 @@ def _settled(submission: Submission) -> bool:
 def _check_checkpoint(checkpoint: dict[str, Any]) -> None:
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("phase"), str):
         raise InvalidOperation(f"a checkpoint must be a dict with a 'phase' string, got {checkpoint!r}")
+
+
+def _checkpoint_copy(checkpoint: Any, kind: str) -> Any:
+    # Checkpoints carry values given to the harness (a tool call's arguments), so they get the wrapped limit.
+    return strict_copy(checkpoint, f"task {kind} checkpoint", limit=WRAPPED_DEPTH)
 
 
 def _ended(why: str) -> Exception:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from harness_core._json import clean_text, strict_copy
 from harness_core.errors import HarnessClosed, InvalidOperation
 from harness_core.records import Outcome, Task, TaskErrorInfo, WaitPolicy
 
@@ -105,12 +106,18 @@ def outcome_of(transition: Complete | Fail | Aborted) -> Outcome:
     if isinstance(transition, Complete):
         return Outcome(status="completed", result=transition.result)
     if isinstance(transition, Fail):
+        # An error message is text for people, often built from an exception that quotes outside input: made
+        # valid, never refused. The detail is data: strict.
         return Outcome(
             status="failed",
             result=transition.result,
-            error=TaskErrorInfo(message=transition.message, detail=transition.detail),
+            error=TaskErrorInfo(
+                message=clean_text(str(transition.message)),
+                detail=strict_copy(transition.detail, "task error detail"),
+            ),
         )
-    return Outcome(status="aborted", result=transition.result, reason=transition.reason)
+    reason = None if transition.reason is None else clean_text(transition.reason)
+    return Outcome(status="aborted", result=transition.result, reason=reason)
 
 
 class InvocationEnded(HarnessClosed):

@@ -2,7 +2,10 @@
 
 The decorator reads the function: its name is the tool name, its docstring the description, its type hints the
 argument schema (validated and coerced by pydantic). A parameter annotated `ToolApi` receives the execution API
-instead of a model argument. Return a `str` or a `ToolResult`.
+instead of a model argument. Return a `str` or a `ToolResult`; anything else fails the call (the model gets an
+error result). Output and result text are tool output, text from outside: unpaired surrogates become U+FFFD.
+`ToolResult.details` (and `api.details()`) must be strict JSON (DESIGN.md §2.3; its strings are cleaned the same
+way): details that are not fail the call with an error result naming the path.
 
 Replay: after a crash inside `execute`, a tool runs again only if it was declared `replay="safe"` both when its
 intent was committed and now. Everything else gets an "interrupted" error result and the model decides. A
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints, overlo
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from harness_core.errors import StrictJsonError
 from harness_core.messages import ImageContent, TextContent, ToolDeclaration, Usage
 
 if TYPE_CHECKING:
@@ -274,7 +278,11 @@ def _build_tool(
             result = await result
         if isinstance(result, (str, ToolResult)):
             return result
-        return str(result)
+        # Storing repr() of whatever came back would be silent coercion: the call fails and the model is told.
+        raise StrictJsonError(
+            f"tool {tool_name} returned {type(result).__name__}; return a str or a ToolResult "
+            "(structured data goes in ToolResult.details)"
+        )
 
     return ToolSpec(
         name=tool_name,

@@ -11,6 +11,9 @@ follows (the generation task relies on it):
   raise.
 - Cancelling the consuming task (or `aclose()` on the iterator) stops the stream and closes the HTTP response
   promptly.
+- Text may be anything the server sent: `Models.stream` makes each snapshot valid (an unpaired surrogate
+  becomes U+FFFD; tool-call arguments that are not strict JSON become an invalid call) before the harness
+  sees it.
 """
 
 from __future__ import annotations
@@ -125,7 +128,10 @@ class Models:
         info = None if provider is None else provider.model(ref.model_id)
         if provider is None or info is None:
             raise LookupError(f"unknown model {ref}")
-        return provider.stream(info, request)
+        from harness_core.models._valid import valid_stream
+
+        # Model output is text from outside: every snapshot is made storable here (see `_valid.py`).
+        return valid_stream(provider.stream(info, request))
 
     async def aclose(self) -> None:
         for provider in self._providers.values():

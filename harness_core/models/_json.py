@@ -5,6 +5,12 @@ object, `ToolCall.arguments` holds it and `partial_json` is None. When it does n
 not an object), `arguments` is `{}` and `partial_json` keeps the raw text on the final message. A complete call
 that still has `partial_json` therefore means "the model sent invalid arguments", and the tool layer can report
 that to the model with the raw text instead of running the tool.
+
+Model output is text from outside (DESIGN.md §2.3): the arguments are parsed strictly and made valid. An unpaired
+surrogate (`"\\ud83d"` in the JSON, or the character itself) becomes U+FFFD in the parsed strings and keys and
+in the raw text; what strict JSON refuses (`NaN`/`Infinity`, numbers that overflow to infinity, ints beyond 64
+bits, nesting past 128 levels) makes the arguments invalid, so the model is told instead of the harness
+storing a changed value.
 """
 
 from __future__ import annotations
@@ -12,17 +18,49 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness_core._json import MAX_DEPTH, clean_json, clean_text
+from harness_core.errors import StrictJsonError
 from harness_core.messages import ToolCall
 
 _CLOSERS = {"{": "}", "[": "]"}
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _strict_object(text: str) -> dict[str, Any]:
+    """The JSON object in `text`, strict and made valid; ValueError (StrictJsonError is one) says why not."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(
+            f"nesting deeper than {MAX_DEPTH} levels of lists and objects is not allowed"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"not a JSON object but {type(value).__name__}")
+    cleaned: dict[str, Any] = clean_json(value, "arguments", limit=MAX_DEPTH)
+    return cleaned
+
+
 def _loads_object(text: str) -> dict[str, Any] | None:
     try:
-        value = json.loads(text)
+        return _strict_object(text)
     except ValueError:
         return None
-    return value if isinstance(value, dict) else None
+
+
+def argument_problem(raw: str) -> str:
+    """Why a finished call's argument text was not taken (for the error result the model gets)."""
+    try:
+        _strict_object(raw)
+    except StrictJsonError as exc:
+        return str(exc)
+    except json.JSONDecodeError:
+        return "not valid JSON"
+    except ValueError as exc:
+        return str(exc)
+    return "not a JSON object"
 
 
 def parse_partial_json(text: str) -> dict[str, Any]:
@@ -90,13 +128,18 @@ class ArgumentText:
         self.raw = initial
         self.partial: dict[str, Any] = {}
         self._parsed_length = -1
+        self._dirty = clean_text(initial) is not initial  # holds an unpaired surrogate (or half a pair)
 
     def append(self, fragment: str) -> None:
         self.raw += fragment
+        if not self._dirty and clean_text(fragment) is not fragment:
+            self._dirty = (
+                True  # only then is the whole text cleaned, and a pair split across fragments joined
+            )
 
     def apply(self, call: ToolCall) -> None:
         """Show the streaming state on `call`: raw text in `partial_json`, best-effort `arguments`."""
-        call.partial_json = self.raw
+        call.partial_json = clean_text(self.raw) if self._dirty else self.raw
         size = len(self.raw)
         grown = size - self._parsed_length
         if size <= self.SMALL or grown >= max(self.SMALL, self._parsed_length // 4):
@@ -114,7 +157,7 @@ def finish_tool_call(call: ToolCall, raw: str) -> None:
     parsed = _loads_object(raw)
     if parsed is None:
         call.arguments = {}
-        call.partial_json = raw
+        call.partial_json = clean_text(raw)
     else:
         call.arguments = parsed
         call.partial_json = None

@@ -34,7 +34,7 @@ class SSEEvent:
         """The data parsed as JSON; `SSEFormatError` when it is not JSON."""
         try:
             return json.loads(self.data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise SSEFormatError(f"invalid JSON in stream event: {excerpt(self.data)!r}") from None
 
 

@@ -324,7 +324,7 @@ def _complete(raw: str) -> bool:
         return True
     try:
         json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not a finished value either
         return False
     return True
 

@@ -26,7 +26,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness_core.errors import StorageClosed, StorageCorrupt, StorageError, StorageRequestError
+from harness_core.errors import (
+    StorageClosed,
+    StorageCorrupt,
+    StorageError,
+    StorageRequestError,
+    StrictJsonError,
+)
 from harness_core.records import (
     Conversation,
     DocScope,
@@ -319,7 +325,13 @@ class JsonlStorage:
         if not batches:
             return
         created = self._check_documents(batches)
-        records, marker = _encode(batches)
+        try:
+            records, marker = _encode(batches)
+        except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+            # Nothing was written: a certain refusal, not an uncertain write (see the storage protocol).
+            raise StrictJsonError(
+                f"storage {self._description} refused a commit before writing it: {exc}"
+            ) from exc
         try:
             if self._fsync:
                 await asyncio.to_thread(_append, self._fd, records, marker, True)

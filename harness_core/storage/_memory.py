@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from harness_core.errors import StorageClosed, StorageRequestError
+from harness_core.errors import StorageClosed, StorageRequestError, StrictJsonError
 from harness_core.records import (
     Conversation,
     DocScope,
@@ -88,7 +88,11 @@ class MemoryStorage:
             ]
             if unknown:
                 raise StorageRequestError(f"commit seq {batch.seq} changes unknown documents {unknown}")
-        for batch in copy.deepcopy(list(batches)):
+        try:
+            copies = copy.deepcopy(list(batches))
+        except (TypeError, ValueError, RecursionError, copy.Error) as exc:  # an object that cannot be copied
+            raise StrictJsonError(f"memory storage refused a commit before applying it: {exc}") from exc
+        for batch in copies:
             self._apply(batch)
 
     def _apply(self, batch: CommitBatch) -> None:

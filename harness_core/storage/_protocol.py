@@ -7,6 +7,10 @@ A backend must:
   after `commit()` returns every write of every batch is durable (as durable as the backend promises) and
   visible to reads; if it raises, the harness treats the outcome as uncertain and closes. Batches keep their
   own seq so document history stays per commit;
+- prepare (serialize) the whole group before writing anything. Preparing is never uncertain: a value that
+  cannot be serialized raises `StrictJsonError` with nothing written, and the harness fails only those commits
+  and stays open. Only the write itself may be uncertain. (The harness checks every value before a batch gets
+  here, so this is a backstop; what a backend stores must read back equal to what it was given);
 - return detached values (callers may mutate what they get back);
 - keep `next_id` and `last_seq` so a reopened store never reuses an id or a sequence number;
 - apply document contents in order: a base replaces the value, a delta is an RFC 6902 patch on the previous

@@ -24,7 +24,13 @@ from typing import Any, Literal, TypeVar, cast
 import aiosqlite
 from pydantic import BaseModel, ValidationError
 
-from harness_core.errors import StorageClosed, StorageCorrupt, StorageError, StorageRequestError
+from harness_core.errors import (
+    StorageClosed,
+    StorageCorrupt,
+    StorageError,
+    StorageRequestError,
+    StrictJsonError,
+)
 from harness_core.records import (
     Conversation,
     DocScope,
@@ -203,6 +209,16 @@ def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
         plan.next_id = max(plan.next_id, batch.next_id)
         plan.last_seq = batch.seq
     return plan
+
+
+def _plan_or_refuse(batches: Sequence[CommitBatch], next_id: int, path: str) -> _Plan:
+    """Serialize before any I/O. A value that cannot be serialized (the harness checks values first, so only a
+    caller of the storage itself gets here) refuses the commit with `StrictJsonError`: nothing was written, so
+    the outcome is certain, unlike a failure of the write."""
+    try:
+        return _plan(batches, next_id)
+    except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+        raise StrictJsonError(f"storage {path} refused a commit before writing it: {exc}") from exc
 
 
 def _write(conn: sqlite3.Connection, plan: _Plan) -> None:
@@ -700,7 +716,7 @@ class SqliteStorage:
             last = batch.seq
         if not batches:
             return
-        plan = _plan(batches, self._next_id)
+        plan = _plan_or_refuse(batches, self._next_id, self._path)
         if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
             plan.reserve = (plan.next_id + _ID_BLOCK, plan.last_seq + _SEQ_BLOCK)
         try:

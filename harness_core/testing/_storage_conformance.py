@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from harness_core.errors import StorageClosed, StorageCorrupt, StorageRequestError
+from harness_core.errors import StorageClosed, StorageCorrupt, StorageRequestError, StrictJsonError
 from harness_core.messages import AssistantMessage, TextContent, ToolCall, Usage, UserMessage
 from harness_core.records import (
     ContextEdit,
@@ -771,6 +771,36 @@ class _StorageConformance:
         assert value is not None
         assert value.value is None
         assert value.version == 1
+
+    # --- preparing a commit is never uncertain -----------------------------------------------------------
+
+    async def test_a_value_it_cannot_serialize_is_refused_before_anything_is_written(
+        self, store: StoreUnderTest
+    ) -> None:
+        # The harness never hands over such a value (it checks strict JSON first); a backend that meets one
+        # anyway must either keep it exactly or refuse the whole group with StrictJsonError before writing, so
+        # the harness knows nothing was stored instead of closing on an "uncertain" failure.
+        await store.commit(batch(1, next_id=10, conversations=[conv(1)]))
+        odd = Entry(
+            id=2,
+            conversation_id=1,
+            kind="test.note",
+            model=[UserMessage(content="broken \ud83d emoji")],
+            data={"text": "lone \udc00"},
+            seq=2,
+        )
+        try:
+            await store.s.commit([batch(2, next_id=11, entries=[odd])])
+        except StrictJsonError:
+            assert await store.s.meta() == StorageMeta(next_id=10, last_seq=1)
+            assert await store.s.entry(2) is None
+            if await store.reopen():
+                assert await store.s.entry(2) is None
+        else:
+            assert await store.s.entry(2) == odd
+            return
+        await store.commit(batch(2, next_id=11, entries=[entry(2, 1)]))  # the store is still usable
+        assert await store.s.entry(2) == entry(2, 1)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,7 +17,7 @@ from harness_core.models._errors import (
     parse_retry_after,
     redact,
 )
-from harness_core.models._json import finish_tool_call, parse_partial_json
+from harness_core.models._json import ArgumentText, argument_problem, finish_tool_call, parse_partial_json
 from harness_core.models._sse import SSEEvent, SSEFormatError, iter_sse
 
 
@@ -225,3 +226,60 @@ def test_streaming_arguments_parse_count_stays_small(monkeypatch: pytest.MonkeyP
     finish_tool_call(call, text.raw)
     assert call.arguments == {"path": "/f", "content": "twenty chars of text" * 5000}
     assert call.partial_json is None
+
+
+# -- model output is text from outside: tool arguments are parsed strictly and made valid -----------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "arguments"),
+    [
+        ('{"q": "broken \\ud83d emoji"}', {"q": "broken \ufffd emoji"}),  # the escape
+        ('{"q": "broken \ud83d emoji"}', {"q": "broken \ufffd emoji"}),  # the character itself
+        ('{"\\udc00": 1}', {"\ufffd": 1}),  # a key
+        ('{"q": "\\ud83d\\ude00"}', {"q": "\U0001f600"}),  # a pair stays one character
+        ('{"q": "\ud83d' + '\ude00"}', {"q": "\U0001f600"}),  # a pair that arrived as two halves
+        ('{"n": 9223372036854775807, "z": -0.0}', {"n": 2**63 - 1, "z": -0.0}),
+    ],
+)
+def test_final_arguments_are_made_valid(raw: str, arguments: dict[str, object]) -> None:
+    call = ToolCall(id="c", name="t")
+    finish_tool_call(call, raw)
+    assert call.arguments == arguments and call.partial_json is None
+    json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ('{"x": NaN}', "NaN is not JSON"),
+        ('{"x": -Infinity}', "-Infinity is not JSON"),
+        ('{"x": 1e400}', "arguments.x: inf is not JSON"),
+        ('{"x": 18446744073709551616}', "arguments.x: int 18446744073709551616 is outside the 64-bit range"),
+        ('{"x": ' + "[" * 200 + "]" * 200 + "}", "nesting deeper than 128 levels"),
+        ('{"x": ' + "[" * 5000 + "]" * 5000 + "}", "nesting deeper than 128 levels"),
+        ("[1, 2]", "not a JSON object but list"),
+        ('{"x": ', "not valid JSON"),
+    ],
+)
+def test_final_arguments_that_are_not_strict_make_an_invalid_call_with_a_reason(
+    raw: str, problem: str
+) -> None:
+    call = ToolCall(id="c", name="t")
+    finish_tool_call(call, raw)
+    assert call.arguments == {} and call.partial_json == raw
+    assert problem in argument_problem(raw)
+
+
+def test_streaming_argument_text_with_surrogates_is_shown_valid() -> None:
+    text = ArgumentText()
+    call = ToolCall(id="c", name="t", partial_json="")
+    for fragment in ['{"q": "a', "\ud83d", "\ude00 b \udc00", '"}']:
+        text.append(fragment)
+        text.apply(call)
+        assert call.partial_json is not None
+        call.partial_json.encode("utf-8")
+        json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")
+    assert call.partial_json == '{"q": "a\U0001f600 b \ufffd"}'
+    assert call.arguments == {"q": "a\U0001f600 b \ufffd"}
+    assert parse_partial_json('{"q": "x\\ud83d') == {"q": "x\ufffd"}
