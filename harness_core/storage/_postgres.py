@@ -24,7 +24,14 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from pydantic import BaseModel, ValidationError
 
-from harness_core.errors import LeaseLost, StorageClosed, StorageCorrupt, StorageError, StorageRequestError
+from harness_core.errors import (
+    LeaseLost,
+    StorageClosed,
+    StorageCorrupt,
+    StorageError,
+    StorageRequestError,
+    StrictJsonError,
+)
 from harness_core.records import (
     Conversation,
     DocScope,
@@ -347,7 +354,12 @@ class PostgresStorage:
         if not batches:
             return
         self._lease.check()
-        plan = _plan(batches, self._next_id)
+        try:  # serialize before any I/O: a value that cannot be serialized is a certain refusal, not a failure
+            plan = _plan(batches, self._next_id)
+        except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+            raise StrictJsonError(
+                f"storage {self._description} refused a commit before writing it: {exc}"
+            ) from exc
         if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
             plan.reserve = (plan.next_id + _ID_BLOCK, plan.last_seq + _SEQ_BLOCK)
         try:
