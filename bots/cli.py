@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from adapters.redact import redact_text
-from bots.backup import backup_storage, sqlite_source
+from bots.backup import backup_storage, check_target, sqlite_source, target_error
 from bots.config import BotConfig, ConfigError, load_config
 from bots.doctor import doctor_command
 from bots.logs import setup_logging
@@ -177,17 +178,21 @@ def _decision(args: argparse.Namespace) -> tuple[int, bool]:
 def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
     """Export into a temporary file renamed into place, so a failed export leaves no half file."""
     target: Path = args.out
-    target.parent.mkdir(parents=True, exist_ok=True)
+    check_target(target)
     tmp = target.with_name(target.name + ".part")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         # 0600 like every file the bot writes: a transcript is as private as the storage it comes from.
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(fd, "w", encoding="utf-8") as handle:
             code, written = asyncio.run(export_command(config, dict(os.environ), handle, args.conversation))
         tmp.replace(target)
+    except OSError as exc:  # a missing or unwritable folder, a full disk: one line, not a traceback
+        raise target_error(target, exc) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     print(f"wrote {written} entries of conversation {args.conversation} to {target}", file=sys.stderr)
     return code
 

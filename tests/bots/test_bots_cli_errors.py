@@ -1,0 +1,70 @@
+"""Commands that write a file (`backup FILE`, `export --out FILE`) against an unlucky target: a directory, a path
+under a regular file, a device or pipe. Each ends with one `durable-bots: …` line and exit code 1, never a
+traceback, and never replaces something that is not a regular file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from bots_cli_support import toml_value
+
+from bots.cli import main
+from harness_core.storage import SqliteStorage
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    store = tmp_path / "var" / "ops.sqlite"
+
+    async def create() -> None:
+        await (await SqliteStorage.open(store)).close()
+
+    asyncio.run(create())
+    path = tmp_path / "bot.toml"
+    path.write_text(f'[storage]\npath = {toml_value(str(store))}\n[approvals]\napprovers = ["lead"]\n')
+    return path
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("durable-bots: "), err
+    return lines[0]
+
+
+def test_backup_into_a_directory_or_under_a_file_is_one_line(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "somedir").mkdir()
+    assert main(["backup", "--config", str(config), str(tmp_path / "somedir")]) == 1
+    assert "somedir" in one_line_error(capsys)
+    assert (tmp_path / "somedir").is_dir() and not list((tmp_path / "somedir").iterdir())
+    (tmp_path / "plain").write_text("x")
+    assert main(["backup", "--config", str(config), str(tmp_path / "plain" / "copy.sqlite")]) == 1
+    assert "plain" in one_line_error(capsys)
+
+
+def test_backup_never_replaces_a_device_or_pipe(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    assert main(["backup", "--config", str(config), str(pipe)]) == 1
+    assert "not a regular file" in one_line_error(capsys)
+    assert pipe.is_fifo()
+
+
+def test_export_under_a_file_or_into_a_directory_is_one_line(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "plain").write_text("x")
+    assert main(["export", "--config", str(config), "1", "--out", str(tmp_path / "plain" / "t.jsonl")]) == 1
+    assert "plain" in one_line_error(capsys)
+    (tmp_path / "somedir").mkdir()
+    assert main(["export", "--config", str(config), "1", "--out", str(tmp_path / "somedir")]) == 1
+    one_line_error(capsys)
+    assert (tmp_path / "somedir").is_dir()
