@@ -40,7 +40,7 @@ def pg_config(workdir: Path, url: str) -> Path:
         workdir,
         replace={
             'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}",
-            'approvers = ["lead"]': 'approvers = ["UBOSS"]\ngroups = ["SONCALL"]',
+            'approvers = ["devchat:lead"]': 'approvers = ["slack:UBOSS"]\ngroups = ["slack:SONCALL"]',
             "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(workdir / 'deploys.jsonl'))}\n",
         },
         append=SLACK,
