@@ -546,6 +546,18 @@ async def run_bot(
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
 
+    # SIGHUP's default action ends the process: a standby (or a bot still starting) must survive a reload
+    # request too. One that came before the bot runs is applied right after it runs.
+    early_reloads: list[bool] = []
+
+    def on_early_reload() -> None:
+        early_reloads.append(True)
+        console.say("durable-bots: reload requested before the bot runs; applying it once it does")
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, on_early_reload)
+        installed.append(int(signal.SIGHUP))
+
     def on_standby(holder: LeaseHolder) -> None:
         console.say(
             f"durable-bots: standby: the lease is held by {holder.describe()}; taking over when it ends"
@@ -593,7 +605,8 @@ async def run_bot(
     reloads = Reloads(runtime, console.say)
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.request)
-        installed.append(int(signal.SIGHUP))
+        if int(signal.SIGHUP) not in installed:
+            installed.append(int(signal.SIGHUP))
     code = EXIT_OK
     try:
         await runtime.bridge.start()
@@ -623,6 +636,8 @@ async def run_bot(
             ids = ", ".join(str(t.record.id) for t in parked)
             console.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
         phase[0] = ""
+        if early_reloads:
+            reloads.request()
         console.say(
             f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM"
         )

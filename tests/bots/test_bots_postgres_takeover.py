@@ -352,3 +352,17 @@ async def test_a_standby_stops_at_once_on_sigterm_and_leaves_the_leader_alone(pa
     assert "durable-bots: stopped while on standby" in standby.output()
     assert leader.process.returncode is None
     assert await leader.terminate() == 0, await leader.stderr()
+
+
+async def test_a_standby_survives_sighup_and_applies_the_reload_once_it_takes_over(pair: Pair) -> None:
+    """SIGHUP's default action ends a process: `systemctl reload` or a deploy tool signalling every bot process
+    must not kill the standby (the one that would take over)."""
+    leader, standby = await pair.leader_and_standby()
+    standby.process.send_signal(signal.SIGHUP)
+    noted = await standby.wait_for(lambda line: "reload requested before the bot runs" in line, 10)
+    assert noted is not None and standby.process.returncode is None, f"{standby.output()}"
+    assert await leader.terminate() == 0, await leader.stderr()
+    await wait_ready(standby, 30)
+    reloaded = await standby.wait_for(lambda line: line.startswith("durable-bots: reloaded"), 10)
+    assert reloaded is not None, standby.output()
+    assert await standby.terminate() == 0, await standby.stderr()
