@@ -549,3 +549,11 @@ def test_the_reconnect_backoff_doubles_and_never_passes_its_cap_even_with_jitter
     assert backoff_delay(2, 5.0, 0.999) > backoff_delay(2, 5.0, 0.0)  # jittered upward
     assert backoff_delay(1, 50.0, 0.999) == BACKOFF_CAP  # 50 s plus a quarter would pass the cap
     assert backoff_delay(30, 5.0, 0.5) == BACKOFF_CAP
+
+
+def test_gate_groups_are_looked_up_by_their_bare_slack_id() -> None:
+    from adapters.slack.adapter import slack_group_ids
+
+    entries = ["slack:SONCALL", "SBARE", "discord:123", "devchat:ops", "slack:SONCALL"]
+    assert slack_group_ids(entries) == ["SONCALL", "SBARE"]
+    assert slack_group_ids(None) == []
