@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
@@ -368,3 +369,66 @@ async def test_a_standby_survives_sighup_and_applies_the_reload_once_it_takes_ov
     reloaded = await standby.wait_for(lambda line: line.startswith("durable-bots: reloaded"), 10)
     assert reloaded is not None, standby.output()
     assert await standby.terminate() == 0, await standby.stderr()
+
+
+def with_admin(config: Path, port: int) -> Path:
+    path = config.with_name(f"admin-{port}.toml")
+    path.write_text(config.read_text() + f'\n[admin]\nlisten = "127.0.0.1:{port}"\n')
+    return path
+
+
+async def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/{path}") as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def test_a_standby_answers_healthz_and_is_ready_only_once_it_holds_the_lease(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    """Kubernetes probes every replica: a standby with no /healthz would be restarted forever."""
+    env = bot_env(tmp_path, **fake.env)
+    config = pg_config(tmp_path, pg_url)
+    leader_port, standby_port = free_port(), free_port()
+    pair = Pair(with_admin(config, leader_port), env)
+    try:
+        leader = await pair.start()
+        await wait_ready(leader, 60)
+        pair.config = with_admin(config, standby_port)
+        standby = await pair.start()
+        assert await standby.wait_for(lambda line: line.startswith("durable-bots: standby"), 30), (
+            standby.output()
+        )
+        assert (await probe(standby_port, "healthz"))[0] == 200
+        status, body = await probe(standby_port, "readyz")
+        assert status == 503 and f"lease is held by pid {leader.pid}" in body["not_ready"]["bot"], body
+        assert (await probe(leader_port, "readyz"))[0] == 200
+        assert await leader.terminate() == 0, await leader.stderr()
+        await wait_ready(standby, 30)
+        assert await probe(standby_port, "readyz") == (200, {"ready": True})
+        assert await standby.terminate() == 0, await standby.stderr()
+    finally:
+        await pair.close()
+
+
+async def test_a_standby_on_the_leaders_admin_port_takes_the_port_over_with_the_lease(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    """Two instances on one host with one config: the standby cannot listen while the leader does; it must
+    neither exit nor stay without its endpoint once it leads."""
+    env = bot_env(tmp_path, **fake.env)
+    port = free_port()
+    pair = Pair(with_admin(pg_config(tmp_path, pg_url), port), env)
+    try:
+        leader, standby = await pair.leader_and_standby()
+        assert await leader.terminate() == 0, await leader.stderr()
+        await wait_ready(standby, 30)
+        assert any(line.startswith(f"admin: http://127.0.0.1:{port}/") for line in standby.lines), (
+            standby.output()
+        )
+        assert await probe(port, "readyz") == (200, {"ready": True})
+        assert await standby.terminate() == 0, await standby.stderr()
+    finally:
+        await pair.close()
