@@ -625,16 +625,15 @@ async def run_bot(
         f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
         f"storage {runtime.storage.description})"
     )
-    if admin is not None:
-        if not admin_up:
-            try:
-                await _start_retrying(admin, ADMIN_BIND_WAIT)  # a leader that just left may still hold it
-            except AdminError as exc:
-                for signum in installed:
-                    loop.remove_signal_handler(signum)
-                await runtime.close()
-                raise BotError(str(exc)) from None
-            console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
+    if admin is not None and not admin_up:
+        try:
+            await _start_retrying(admin, ADMIN_BIND_WAIT)  # a leader that just left may still hold it
+        except AdminError as exc:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+            await runtime.close()
+            raise BotError(str(exc)) from None
+        console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
     unbind_metrics = metrics.bind(runtime.harness, runtime.bridge, started)
     # Operator requests (retry/cancel/decide from the command line) need a backend that carries them.
     desk = (
