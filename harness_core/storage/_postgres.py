@@ -48,7 +48,6 @@ from harness_core.storage._postgres_lease import (
     new_holder_id,
     try_take,
 )
-from harness_core.storage._postgres_requests import GET as GET_REQUEST
 from harness_core.storage._postgres_requests import (
     CLAIM,
     FINISH,
@@ -59,6 +58,7 @@ from harness_core.storage._postgres_requests import (
     request_of,
     to_text,
 )
+from harness_core.storage._postgres_requests import GET as GET_REQUEST
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
 
