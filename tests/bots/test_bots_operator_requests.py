@@ -104,7 +104,10 @@ async def test_a_request_the_bot_took_is_answered_not_withdrawn_when_the_asker_t
     reader = await SqliteStorage.open_read_only(tmp_path / "s.sqlite")
     try:
         asking = asyncio.create_task(ask_running_bot(reader, "retry", {"task": 1}, timeout=0.3))
-        while not (pending := await owner.pending_operator_requests()):
+        for _ in range(500):  # the request is written by the other handle: poll the table for it
+            pending = await owner.pending_operator_requests()
+            if pending:
+                break
             await asyncio.sleep(0.01)
         handling = asyncio.create_task(desk.handle(pending[0]))
         await asyncio.sleep(0.8)  # the asker's timeout passes while the bot is at work
