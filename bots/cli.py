@@ -31,6 +31,7 @@ from bots.operator import (
     retry_command,
 )
 from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, run_bot
+from harness_core import StorageError
 
 DEFAULT_CONFIG = "config/ops.toml"
 EXIT_USAGE = 2
@@ -227,5 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BotError as exc:
         print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
         return exc.exit_code
+    except StorageError as exc:  # after opening: a full disk, a dropped database connection
+        print(redact_text(f"durable-bots: {exc}"), file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

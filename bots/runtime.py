@@ -43,6 +43,7 @@ from harness_core import (
     ModelRef,
     Models,
     Registry,
+    StorageCorrupt,
     StorageError,
     StorageLocked,
     Tx,
@@ -290,6 +291,12 @@ async def open_storage(
         return await SqliteStorage.open(path, durability=config.storage.durability)
     except StorageLocked as exc:
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+    except StorageCorrupt as exc:  # a damaged file (disk, copy, hand edits): say what to do, no traceback
+        raise BotError(
+            f"{exc}; restore it from a backup (`durable-bots backup` makes one) or move it away"
+        ) from None
+    except StorageError as exc:  # unreadable (permissions), a schema too new
+        raise BotError(str(exc)) from None
 
 
 async def open_runtime(

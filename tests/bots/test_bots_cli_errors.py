@@ -68,3 +68,40 @@ def test_export_under_a_file_or_into_a_directory_is_one_line(
     assert main(["export", "--config", str(config), "1", "--out", str(tmp_path / "somedir")]) == 1
     one_line_error(capsys)
     assert (tmp_path / "somedir").is_dir()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["inspect"], ["tasks"], ["approvals"], ["export", "1"], ["retry", "1"], ["cancel", "1"], ["run"]],
+)
+def test_a_corrupt_storage_file_is_one_line_with_the_fix_for_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    store = tmp_path / "ops.sqlite"
+    store.write_bytes(b"this is not a database, a disk ate it" * 3000)
+    config = tmp_path / "bot.toml"
+    config.write_text(
+        f'[storage]\npath = {toml_value(str(store))}\n[approvals]\napprovers = ["lead"]\n'
+        "[adapters.devchat]\nport = 0\n"
+    )
+    assert main([command[0], "--config", str(config), *command[1:]]) == 1
+    line = one_line_error(capsys)
+    assert str(store) in line and "backup" in line, line
+
+
+def test_a_storage_failure_mid_command_is_one_line(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk or a dropped database connection in the middle of a command (after the storage opened)."""
+    from bots import cli
+    from harness_core import StorageError
+
+    async def failing(*args: object, **kwargs: object) -> int:
+        raise StorageError(
+            "storage postgresql://bot:hunter2@db/ops: read tasks failed: connection was closed"
+        )
+
+    monkeypatch.setattr(cli, "inspect_command", failing)
+    assert main(["inspect", "--config", str(config)]) == 1
+    line = one_line_error(capsys)
+    assert "connection was closed" in line and "hunter2" not in line, line
