@@ -37,6 +37,17 @@ DEFAULT_CONFIG = "config/ops.toml"
 EXIT_USAGE = 2
 
 
+MAX_ID = 2**63 - 1  # ids are 64-bit integers in both backends
+
+
+def record_id(text: str) -> int:
+    """A task, conversation or gate id on the command line: a bigger number cannot exist, and passed on it
+    would fail deep in the storage driver instead of saying what is wrong."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a whole number from 1 to {MAX_ID})")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -84,11 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--json", action="store_true", help="machine-readable output")
 
     retry = sub.add_parser("retry", parents=[common], help="clear a parked task and run it")
-    retry.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+    retry.add_argument("task", type=record_id, metavar="TASK", help="the task id (see `inspect`)")
     retry.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it (default 120)")
 
     cancel = sub.add_parser("cancel", parents=[common], help="abort a live task (in the running bot too)")
-    cancel.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+    cancel.add_argument("task", type=record_id, metavar="TASK", help="the task id (see `inspect`)")
 
     approvals = sub.add_parser(
         "approvals",
@@ -106,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--json", action="store_true", help="machine-readable output")
 
     export = sub.add_parser("export", parents=[common], help="a conversation's transcript as JSONL")
-    export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
+    export.add_argument("conversation", type=record_id, metavar="CONVERSATION", help="the conversation id")
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
     migrate = sub.add_parser(
@@ -164,16 +175,15 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
 def _decision(args: argparse.Namespace) -> tuple[int, bool]:
     words = list(args.decision)
     usage = "usage: durable-bots approvals decide GATE approve|deny --as NAME"
-    if (
-        len(words) != 3
-        or words[0] != "decide"
-        or not words[1].isdigit()
-        or words[2] not in ("approve", "deny")
-    ):
+    if len(words) != 3 or words[0] != "decide" or words[2] not in ("approve", "deny"):
         raise BotError(f"{usage} (got {' '.join(words)!r})", EXIT_USAGE)
+    try:
+        gate = record_id(words[1])
+    except argparse.ArgumentTypeError as exc:
+        raise BotError(f"{usage}: GATE {exc}", EXIT_USAGE) from None
     if not args.as_name:
         raise BotError(f"{usage}: --as NAME says who decides (recorded with the decision)", EXIT_USAGE)
-    return int(words[1]), words[2] == "approve"
+    return gate, words[2] == "approve"
 
 
 def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:

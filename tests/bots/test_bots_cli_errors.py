@@ -105,3 +105,24 @@ def test_a_storage_failure_mid_command_is_one_line(
     assert main(["inspect", "--config", str(config)]) == 1
     line = one_line_error(capsys)
     assert "connection was closed" in line and "hunter2" not in line, line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["retry", "99999999999999999999"],
+        ["cancel", "0"],
+        ["export", "99999999999999999999"],
+        ["approvals", "decide", "99999999999999999999", "approve", "--as", "x"],
+    ],
+)
+def test_an_id_out_of_range_is_a_usage_error_not_a_traceback(
+    config: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    try:
+        code = main([command[0], "--config", str(config), *command[1:]])
+    except SystemExit as exited:  # argparse's own usage error
+        code = int(exited.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "from 1 to 9223372036854775807" in err, err
