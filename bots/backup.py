@@ -36,12 +36,33 @@ def sqlite_source(config: BotConfig, env: Mapping[str, str]) -> Path:
     return target.path or config.storage_path
 
 
+def check_target(target: Path) -> None:
+    """Refuse a target that is there and not a regular file: the copy is renamed over it, and a rename
+    would replace a device, a pipe or a socket (as root, `backup /dev/sda`), or fail on a directory."""
+    if (target.exists() or target.is_symlink()) and not target.is_file():
+        raise BotError(f"{target} is there and is not a regular file; name a new file or a regular one")
+
+
+def target_error(target: Path, exc: OSError) -> BotError:
+    """One line for a file that cannot be written (missing or unwritable folder, full disk)."""
+    where = exc.filename or target
+    return BotError(f"cannot write {target}: {exc.strerror or exc} ({where})")
+
+
 def backup_storage(source: Path, target: Path) -> int:
     """Copy `source` to `target` (mode 0600); returns the copy's size in bytes."""
+    try:
+        return _backup(source, target)
+    except OSError as exc:
+        raise target_error(target, exc) from None
+
+
+def _backup(source: Path, target: Path) -> int:
     if not source.is_file():
         raise BotError(f"there is no storage at {source} yet (has the bot run with this config?)")
     if target.absolute() == source.absolute():
         raise BotError("the backup must go to another file than the storage itself")
+    check_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
     with contextlib.suppress(FileNotFoundError):

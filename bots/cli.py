@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.redact import redact_text
-from bots.backup import backup_storage, sqlite_source
+from bots.backup import backup_storage, check_target, sqlite_source, target_error
 from bots.config import BotConfig, ConfigError, load_config
 from bots.doctor import doctor_command
 from bots.logs import setup_logging
@@ -47,6 +48,17 @@ log = logging.getLogger("bots.cli")
 
 DEFAULT_CONFIG = "config/ops.toml"
 EXIT_USAGE = 2
+
+
+MAX_ID = 2**63 - 1  # ids are 64-bit integers in both backends
+
+
+def record_id(text: str) -> int:
+    """A task, conversation or gate id on the command line: a bigger number cannot exist, and passed on it
+    would fail deep in the storage driver instead of saying what is wrong."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a whole number from 1 to {MAX_ID})")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--json", action="store_true", help="machine-readable output")
 
     retry = sub.add_parser("retry", parents=[common], help="clear a parked task and run it")
-    retry.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+    retry.add_argument("task", type=record_id, metavar="TASK", help="the task id (see `inspect`)")
     retry.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it (default 120)")
 
     cancel = sub.add_parser("cancel", parents=[common], help="abort a live task (in the running bot too)")
-    cancel.add_argument("task", type=int, metavar="TASK", help="the task id (see `inspect`)")
+    cancel.add_argument("task", type=record_id, metavar="TASK", help="the task id (see `inspect`)")
 
     approvals = sub.add_parser(
         "approvals",
@@ -118,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--json", action="store_true", help="machine-readable output")
 
     export = sub.add_parser("export", parents=[common], help="a conversation's transcript as JSONL")
-    export.add_argument("conversation", type=int, metavar="CONVERSATION", help="the conversation id")
+    export.add_argument("conversation", type=record_id, metavar="CONVERSATION", help="the conversation id")
     export.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
 
     migrate = sub.add_parser(
@@ -176,32 +188,35 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
 def _decision(args: argparse.Namespace) -> tuple[int, bool]:
     words = list(args.decision)
     usage = "usage: durable-bots approvals decide GATE approve|deny --as NAME"
-    if (
-        len(words) != 3
-        or words[0] != "decide"
-        or not words[1].isdigit()
-        or words[2] not in ("approve", "deny")
-    ):
+    if len(words) != 3 or words[0] != "decide" or words[2] not in ("approve", "deny"):
         raise BotError(f"{usage} (got {' '.join(words)!r})", EXIT_USAGE)
+    try:
+        gate = record_id(words[1])
+    except argparse.ArgumentTypeError as exc:
+        raise BotError(f"{usage}: GATE {exc}", EXIT_USAGE) from None
     if not args.as_name:
         raise BotError(f"{usage}: --as NAME says who decides (recorded with the decision)", EXIT_USAGE)
-    return int(words[1]), words[2] == "approve"
+    return gate, words[2] == "approve"
 
 
 def _export_to_file(args: argparse.Namespace, config: BotConfig) -> int:
     """Export into a temporary file renamed into place, so a failed export leaves no half file."""
     target: Path = args.out
-    target.parent.mkdir(parents=True, exist_ok=True)
+    check_target(target)
     tmp = target.with_name(target.name + ".part")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         # 0600 like every file the bot writes: a transcript is as private as the storage it comes from.
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with open(fd, "w", encoding="utf-8") as handle:
             code, written = asyncio.run(export_command(config, dict(os.environ), handle, args.conversation))
         tmp.replace(target)
+    except OSError as exc:  # a missing or unwritable folder, a full disk: one line, not a traceback
+        raise target_error(target, exc) from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     print(f"wrote {written} entries of conversation {args.conversation} to {target}", file=sys.stderr)
     return code
 

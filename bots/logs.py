@@ -32,7 +32,9 @@ class JsonLines(logging.Formatter):
         }
         line.update(log_ids())
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            # exc_text is the traceback `install_log_redaction` already cleaned (URL passwords, tokens):
+            # formatting exc_info again would print them.
+            line["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False, default=str)
 
 

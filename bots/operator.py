@@ -348,6 +348,11 @@ async def _through_bot(
 
 
 def _request_result(out: TextIO, found: OperatorRequest) -> int:
+    if found.status == "taken":
+        raise BotError(
+            f"the running bot took the {found.kind} request but has not answered yet; see `durable-bots "
+            "inspect` (it may still be done)"
+        )
     message = str((found.outcome or {}).get("message", found.status))
     if found.status != "done":
         raise BotError(message)

@@ -148,6 +148,9 @@ class OperatorDesk:
 
     async def handle(self, request: OperatorRequest) -> None:
         log.info("operator request %d: %s %s", request.id, request.kind, request.args)
+        if request.status == "pending" and not await self.storage.claim_operator_request(request.id):
+            log.info("operator request %d was withdrawn before it was taken", request.id)
+            return
         try:
             status, outcome = await asyncio.wait_for(
                 carry_out(self.harness, self.bridge, request), CARRY_OUT_TIMEOUT
@@ -179,10 +182,13 @@ async def ask_running_bot(
     deadline = loop.time() + timeout
     while True:
         found = await storage.operator_request(request_id)
-        if found is not None and found.status != "pending":
+        if found is not None and found.status not in ("pending", "taken"):
             return found
-        if loop.time() >= deadline:
+        now = loop.time()
+        if now >= deadline and (found is None or found.status == "pending"):
             if await storage.withdraw_operator_request(request_id):
                 return None
-            continue  # finished just now: read the outcome
+            continue  # taken or finished just now: read it again
+        if found is not None and now >= deadline + CARRY_OUT_TIMEOUT + 2:
+            return found  # taken, and no outcome yet: the caller says so (it may still finish)
         await sleep(0.1)

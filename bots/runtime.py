@@ -300,6 +300,12 @@ async def open_storage(
         return await SqliteStorage.open(path, durability=config.storage.durability)
     except StorageLocked as exc:
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
+    except StorageCorrupt as exc:  # a damaged file (disk, copy, hand edits): say what to do, no traceback
+        raise BotError(
+            f"{exc}; restore it from a backup (`durable-bots backup` makes one) or move it away"
+        ) from None
+    except StorageError as exc:  # unreadable (permissions), a schema too new
+        raise BotError(str(exc)) from None
 
 
 async def open_runtime(
@@ -497,6 +503,23 @@ async def _open_unless_stopped(
     return None
 
 
+ADMIN_BIND_WAIT = 5.0
+
+
+async def _start_retrying(admin: AdminServer, wait: float) -> None:
+    """Start the admin server, retrying for `wait` seconds while its port is taken (the leader this process
+    replaces, on the same host, closes it a moment after releasing the lease)."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        try:
+            await admin.start()
+            return
+        except AdminError:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 class Console:
     """What `run` tells the operator: short lines on stdout, flushed (tests and supervisors read them)."""
 
@@ -538,6 +561,20 @@ async def run_bot(
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
     metrics = BotMetrics()
+    started: list[Adapter] = []
+    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
+    opened: list[Runtime] = []
+    holders: list[str] = []
+
+    async def readiness() -> dict[str, str]:
+        if not opened:  # a standby is alive (healthz 200) but must not count as ready
+            return {"bot": f"standby: the lease is held by {holders[-1]}" if holders else "starting"}
+        return await readiness_of(opened[0].harness, started, phase, opened[0].storage)()
+
+    try:
+        admin = AdminServer(config.admin.address, metrics, readiness, env) if config.admin.address else None
+    except AdminError as exc:  # the token rule: refused before anything is opened
+        raise BotError(str(exc)) from None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -556,37 +593,57 @@ async def run_bot(
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
 
+    # SIGHUP's default action ends the process: a standby (or a bot still starting) must survive a reload
+    # request too. One that came before the bot runs is applied right after it runs.
+    early_reloads: list[bool] = []
+
+    def on_early_reload() -> None:
+        early_reloads.append(True)
+        console.say("durable-bots: reload requested before the bot runs; applying it once it does")
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, on_early_reload)
+        installed.append(int(signal.SIGHUP))
+
     def on_standby(holder: LeaseHolder) -> None:
+        holders.append(holder.describe())
         console.say(
             f"durable-bots: standby: the lease is held by {holder.describe()}; taking over when it ends"
         )
 
+    # The admin endpoint answers from the start, a standby included: a liveness probe (Kubernetes, two
+    # replicas) would otherwise restart the standby forever. Its port may be the leader's (two instances on
+    # one host, one config): then it is taken once the leader is gone.
+    admin_up = False
+    if admin is not None:
+        with contextlib.suppress(AdminError):
+            await admin.start()
+            admin_up = True
+            console.say(f"admin: {admin.url} (healthz, readyz, metrics)")
     try:
         runtime = await _open_unless_stopped(config, env, stop, on_standby if standby else None, metrics)
     except BaseException:
         for signum in installed:
             loop.remove_signal_handler(signum)
+        if admin_up and admin is not None:
+            await admin.stop()
         raise
     if runtime is None:  # stopped while waiting as a standby: nothing was opened
         for signum in installed:
             loop.remove_signal_handler(signum)
+        if admin_up and admin is not None:
+            await admin.stop()
         console.say("durable-bots: stopped while on standby")
         return EXIT_OK
+    opened.append(runtime)
     lease = runtime.storage.lease if isinstance(runtime.storage, PostgresStorage) else None
     console.say(
         f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, "
         f"storage {runtime.storage.description})"
     )
-    started: list[Adapter] = []
-    phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"
-    admin: AdminServer | None = None
-    address = config.admin.address
-    if address is not None:
+    if admin is not None and not admin_up:
         try:
-            admin = AdminServer(
-                address, metrics, readiness_of(runtime.harness, started, phase, runtime.storage), env
-            )
-            await admin.start()
+            await _start_retrying(admin, ADMIN_BIND_WAIT)  # a leader that just left may still hold it
         except AdminError as exc:
             for signum in installed:
                 loop.remove_signal_handler(signum)
@@ -603,7 +660,8 @@ async def run_bot(
     reloads = Reloads(runtime, console.say)
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.request)
-        installed.append(int(signal.SIGHUP))
+        if int(signal.SIGHUP) not in installed:
+            installed.append(int(signal.SIGHUP))
     code = EXIT_OK
     try:
         await runtime.bridge.start()
@@ -633,6 +691,8 @@ async def run_bot(
             ids = ", ".join(str(t.record.id) for t in parked)
             console.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
         phase[0] = ""
+        if early_reloads:
+            reloads.request()
         console.say(
             f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM"
         )

@@ -48,7 +48,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.bridge import ApprovalDoc, Bridge, ClickOrigin, Decision, Place, TransportError, valid_payload
-from adapters.bridge.approvals import Action
+from adapters.bridge.approvals import Action, split_entry
 from adapters.bridge.text import neutralize_bidi
 from adapters.health import TransportHealth
 from adapters.slack._api import SlackPermanentError, call
@@ -70,6 +70,18 @@ BODY_TIMEOUT = 10.0  # seconds a signed request may take to send its (small) bod
 # 500 from bolt is told apart: the listener's (not committed: let Slack redeliver) or bolt's own on a payload it
 # could not handle (acknowledge, a redelivery would fail the same way).
 _LISTENER_FAILURES: ContextVar[list[BaseException] | None] = ContextVar("_LISTENER_FAILURES", default=None)
+
+
+def slack_group_ids(entries: Any) -> list[str]:
+    """The Slack user group ids among a gate's group entries: `slack:S0ONCALL` and bare `S0ONCALL` (the bridge
+    lets a bare one count only with one platform running); other platforms' entries are not Slack's to look
+    up. Slack knows the group by its bare id only: asked for `slack:S0ONCALL` it finds no such group."""
+    ids: list[str] = []
+    for entry in entries if isinstance(entries, list) else []:
+        platform, group = split_entry(str(entry))
+        if platform in (None, "slack") and group not in ids:
+            ids.append(group)
+    return ids
 
 
 class _QuietBoltNotices(logging.Filter):
@@ -356,7 +368,7 @@ class SlackAdapter:
         )
         if needs_groups:
             try:
-                groups = await transport.directory.groups_of(user_id, [str(g) for g in gate["groups"]])
+                groups = await transport.directory.groups_of(user_id, slack_group_ids(gate["groups"]))
             except (TransportError, SlackPermanentError) as exc:
                 log.warning("could not read user groups for a click on gate %s: %s", gate_id, exc)
                 self._spawn(

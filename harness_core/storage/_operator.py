@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-OperatorRequestStatus = Literal["pending", "done", "failed", "withdrawn"]
+OperatorRequestStatus = Literal["pending", "taken", "done", "failed", "withdrawn"]
 
 
 class OperatorRequest(BaseModel):
@@ -56,11 +56,18 @@ class OperatorRequests(Protocol):
         ...
 
     async def pending_operator_requests(self, limit: int = 20) -> list[OperatorRequest]:
-        """Owner side: pending requests, oldest first."""
+        """Owner side: pending requests (and ones a previous owner took and never finished), oldest first."""
+        ...
+
+    async def claim_operator_request(self, request_id: int) -> bool:
+        """Owner side: take a pending request before carrying it out (status `taken`: it can no longer be
+        withdrawn, so an asker that stops waiting never says "nothing was done" about work that ran); False
+        if it was withdrawn first. A request left `taken` by an owner that died is offered again by
+        `pending_operator_requests` (every kind is idempotent)."""
         ...
 
     async def finish_operator_request(
         self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]
     ) -> bool:
-        """Owner side: record the outcome of a pending request; False if it was withdrawn meanwhile."""
+        """Owner side: record the outcome of a pending or taken request; False if it was withdrawn first."""
         ...

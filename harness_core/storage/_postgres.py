@@ -55,8 +55,17 @@ from harness_core.storage._postgres_lease import (
     new_holder_id,
     try_take,
 )
+from harness_core.storage._postgres_requests import (
+    CLAIM,
+    FINISH,
+    PENDING,
+    PUT,
+    SETTLE,
+    changed,
+    request_of,
+    to_text,
+)
 from harness_core.storage._postgres_requests import GET as GET_REQUEST
-from harness_core.storage._postgres_requests import PENDING, PUT, SETTLE, changed, request_of, to_text
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
 from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
 
@@ -714,7 +723,18 @@ class PostgresStorage:
             )
         text = to_text(outcome)
         found = await self._request_call(
-            "finish an operator request", lambda conn: conn.execute(SETTLE, request_id, status, text)
+            "finish an operator request", lambda conn: conn.execute(FINISH, request_id, status, text)
+        )
+        return changed(found)
+
+    async def claim_operator_request(self, request_id: int) -> bool:
+        if self._lease_gone():
+            raise LeaseLost(
+                f"storage {self._description}: the lease is no longer safely ours; operator request "
+                f"{request_id} stays pending for the next leader"
+            )
+        found = await self._request_call(
+            "take an operator request", lambda conn: conn.execute(CLAIM, request_id)
         )
         return changed(found)
 

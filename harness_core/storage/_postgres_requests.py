@@ -28,10 +28,18 @@ PUT = (
     f"VALUES ($1, $2, $3, 'pending', {_NOW_MS}) RETURNING id"
 )
 GET = f"SELECT {_COLUMNS} FROM operator_requests WHERE id = $1"
-PENDING = f"SELECT {_COLUMNS} FROM operator_requests WHERE partition = $1 AND status = 'pending' ORDER BY id LIMIT $2"
-SETTLE = (
+PENDING = (
+    f"SELECT {_COLUMNS} FROM operator_requests WHERE partition = $1 AND status IN ('pending', 'taken') "
+    "ORDER BY id LIMIT $2"
+)
+SETTLE = (  # withdraw: only a request nobody took
     f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "
     "WHERE id = $1 AND status = 'pending'"
+)
+CLAIM = "UPDATE operator_requests SET status = 'taken' WHERE id = $1 AND status = 'pending'"
+FINISH = (
+    f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "
+    "WHERE id = $1 AND status IN ('pending', 'taken')"
 )
 
 

@@ -390,18 +390,24 @@ def _pending_requests(conn: sqlite3.Connection, limit: int) -> list[OperatorRequ
     if not _has_requests(conn):
         return []
     rows = conn.execute(
-        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE status = 'pending' ORDER BY id LIMIT ?",
+        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE status IN ('pending', 'taken') "
+        "ORDER BY id LIMIT ?",
         (limit,),
     ).fetchall()
     return [_request_of(row) for row in rows]
 
 
-def _settle_request(conn: sqlite3.Connection, request_id: int, status: str, outcome: str | None) -> bool:
+def _settle_request(
+    conn: sqlite3.Connection, request_id: int, status: str, outcome: str | None, *, taken_too: bool = False
+) -> bool:
+    """Move a pending request (with `taken_too`, a taken one too) to `status`; False if it was not."""
     if not _has_requests(conn):
         return False
+    states = "('pending', 'taken')" if taken_too else "('pending')"
+    finished = None if status == "taken" else int(time.time() * 1000)
     changed = conn.execute(
-        "UPDATE operator_requests SET status = ?, outcome = ?, finished_at = ? WHERE id = ? AND status = 'pending'",
-        (status, outcome, int(time.time() * 1000), request_id),
+        f"UPDATE operator_requests SET status = ?, outcome = ?, finished_at = ? WHERE id = ? AND status IN {states}",
+        (status, outcome, finished, request_id),
     ).rowcount
     return bool(changed)
 
@@ -1004,12 +1010,18 @@ class SqliteStorage:
     async def pending_operator_requests(self, limit: int = 20) -> list[OperatorRequest]:
         return await self._requests(lambda conn: _pending_requests(conn, limit), "read operator requests")
 
+    async def claim_operator_request(self, request_id: int) -> bool:
+        return await self._requests(
+            lambda conn: _settle_request(conn, request_id, "taken", None), "take an operator request"
+        )
+
     async def finish_operator_request(
         self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]
     ) -> bool:
         text = json.dumps(outcome)
         return await self._requests(
-            lambda conn: _settle_request(conn, request_id, status, text), "finish an operator request"
+            lambda conn: _settle_request(conn, request_id, status, text, taken_too=True),
+            "finish an operator request",
         )
 
     async def close(self) -> None:

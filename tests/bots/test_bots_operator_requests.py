@@ -79,3 +79,45 @@ async def test_on_postgres_the_leaders_desk_answers_a_read_only_handle_within_a_
         await desk.stop()
         await bridge.stop()
         await harness.close()
+
+
+async def test_a_request_the_bot_took_is_answered_not_withdrawn_when_the_asker_times_out(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A slow bot (paused, a busy loop) took a retry and is still carrying it out when the command's wait
+    ends: the command must report the outcome, never 'withdrawn, nothing was done' for a retry that ran."""
+    import asyncio
+
+    from bots import operator_requests
+
+    release = asyncio.Event()
+
+    async def slow(harness: Any, bridge: Any, request: Any) -> Any:
+        await release.wait()
+        return "done", {"message": "task 1 is scheduled again"}
+
+    monkeypatch.setattr(operator_requests, "carry_out", slow)
+    owner = await SqliteStorage.open(tmp_path / "s.sqlite")
+    harness = await Harness.open(owner)
+    bridge = Bridge(harness)
+    desk = OperatorDesk(owner, harness, bridge)
+    reader = await SqliteStorage.open_read_only(tmp_path / "s.sqlite")
+    try:
+        asking = asyncio.create_task(ask_running_bot(reader, "retry", {"task": 1}, timeout=0.3))
+        for _ in range(500):  # the request is written by the other handle: poll the table for it
+            pending = await owner.pending_operator_requests()
+            if pending:
+                break
+            await asyncio.sleep(0.01)
+        handling = asyncio.create_task(desk.handle(pending[0]))
+        await asyncio.sleep(0.8)  # the asker's timeout passes while the bot is at work
+        assert not asking.done()
+        release.set()
+        await handling
+        found = await asking
+        assert found is not None and found.status == "done", found
+        assert found.outcome == {"message": "task 1 is scheduled again"}
+    finally:
+        await reader.close()
+        await bridge.stop()
+        await harness.close()

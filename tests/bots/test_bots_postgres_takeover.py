@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
@@ -324,7 +325,9 @@ async def test_database_url_is_used_when_the_config_names_no_storage_and_its_pas
     finally:
         await bot.kill()
     (start,) = [line for line in bot.lines if " starting (" in line]
-    assert f"storage {pg_url})" in start, start
+    # Printed lines mask the whole user part of a URL (adapters.redact): no password, no user name.
+    shown = pg_url.replace("postgres@", "***@", 1)
+    assert f"storage {shown})" in start, start
     assert "s3cret-pw" not in bot.output() + await bot.stderr()
 
 
@@ -340,7 +343,7 @@ async def test_an_unreachable_database_is_one_line_without_the_password(
         stderr = await bot.stderr()
     finally:
         await bot.kill()
-    assert stderr.startswith(f"durable-bots: cannot open storage postgresql://bot@127.0.0.1:{port}/ops"), (
+    assert stderr.startswith(f"durable-bots: cannot open storage postgresql://***@127.0.0.1:{port}/ops"), (
         stderr
     )
     assert "Traceback" not in stderr and "s3cret-pw" not in stderr
@@ -352,3 +355,80 @@ async def test_a_standby_stops_at_once_on_sigterm_and_leaves_the_leader_alone(pa
     assert "durable-bots: stopped while on standby" in standby.output()
     assert leader.process.returncode is None
     assert await leader.terminate() == 0, await leader.stderr()
+
+
+async def test_a_standby_survives_sighup_and_applies_the_reload_once_it_takes_over(pair: Pair) -> None:
+    """SIGHUP's default action ends a process: `systemctl reload` or a deploy tool signalling every bot process
+    must not kill the standby (the one that would take over)."""
+    leader, standby = await pair.leader_and_standby()
+    standby.process.send_signal(signal.SIGHUP)
+    noted = await standby.wait_for(lambda line: "reload requested before the bot runs" in line, 10)
+    assert noted is not None and standby.process.returncode is None, f"{standby.output()}"
+    assert await leader.terminate() == 0, await leader.stderr()
+    await wait_ready(standby, 30)
+    reloaded = await standby.wait_for(lambda line: line.startswith("durable-bots: reloaded"), 10)
+    assert reloaded is not None, standby.output()
+    assert await standby.terminate() == 0, await standby.stderr()
+
+
+def with_admin(config: Path, port: int) -> Path:
+    path = config.with_name(f"admin-{port}.toml")
+    path.write_text(config.read_text() + f'\n[admin]\nlisten = "127.0.0.1:{port}"\n')
+    return path
+
+
+async def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/{path}") as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def test_a_standby_answers_healthz_and_is_ready_only_once_it_holds_the_lease(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    """Kubernetes probes every replica: a standby with no /healthz would be restarted forever."""
+    env = bot_env(tmp_path, **fake.env)
+    config = pg_config(tmp_path, pg_url)
+    leader_port, standby_port = free_port(), free_port()
+    pair = Pair(with_admin(config, leader_port), env)
+    try:
+        leader = await pair.start()
+        await wait_ready(leader, 60)
+        pair.config = with_admin(config, standby_port)
+        standby = await pair.start()
+        assert await standby.wait_for(lambda line: line.startswith("durable-bots: standby"), 30), (
+            standby.output()
+        )
+        assert (await probe(standby_port, "healthz"))[0] == 200
+        status, body = await probe(standby_port, "readyz")
+        assert status == 503 and f"lease is held by pid {leader.pid}" in body["not_ready"]["bot"], body
+        assert (await probe(leader_port, "readyz"))[0] == 200
+        assert await leader.terminate() == 0, await leader.stderr()
+        await wait_ready(standby, 30)
+        assert await probe(standby_port, "readyz") == (200, {"ready": True})
+        assert await standby.terminate() == 0, await standby.stderr()
+    finally:
+        await pair.close()
+
+
+async def test_a_standby_on_the_leaders_admin_port_takes_the_port_over_with_the_lease(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    """Two instances on one host with one config: the standby cannot listen while the leader does; it must
+    neither exit nor stay without its endpoint once it leads."""
+    env = bot_env(tmp_path, **fake.env)
+    port = free_port()
+    pair = Pair(with_admin(pg_config(tmp_path, pg_url), port), env)
+    try:
+        leader, standby = await pair.leader_and_standby()
+        assert await leader.terminate() == 0, await leader.stderr()
+        await wait_ready(standby, 30)
+        assert any(line.startswith(f"admin: http://127.0.0.1:{port}/") for line in standby.lines), (
+            standby.output()
+        )
+        assert await probe(port, "readyz") == (200, {"ready": True})
+        assert await standby.terminate() == 0, await standby.stderr()
+    finally:
+        await pair.close()

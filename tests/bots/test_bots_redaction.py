@@ -95,3 +95,29 @@ def test_console_lines_are_redacted() -> None:
         "durable-bots: the storage failed (lost: postgresql://bot:hunter2@db.internal/ops?sslkey=k)"
     )
     assert "hunter2" not in out.getvalue() and "postgresql://***@db.internal/ops?sslkey=***" in out.getvalue()
+
+
+def test_json_log_lines_are_redacted_in_message_and_traceback() -> None:
+    """`--log-format json` formats the traceback itself: it must use the redacted one, not re-format it."""
+    import json
+
+    from bots.logs import JsonLines
+
+    install_log_redaction()
+    try:
+        raise RuntimeError("cannot reach postgresql://bot:hunter2@db.internal/ops")
+    except RuntimeError:
+        import sys
+
+        record = logging.getLogger("bots").makeRecord(
+            "bots",
+            logging.ERROR,
+            __file__,
+            1,
+            "lost %s",
+            ("postgresql://bot:hunter2@db.internal/ops",),
+            sys.exc_info(),
+        )
+    line = json.loads(JsonLines().format(record))
+    assert "hunter2" not in line["message"] and "postgresql://***@db.internal/ops" in line["message"]
+    assert "hunter2" not in line["exception"] and "RuntimeError" in line["exception"]

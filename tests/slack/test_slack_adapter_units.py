@@ -589,3 +589,11 @@ def test_parse_action_takes_only_its_own_action_ids_whatever_a_click_carries(raw
 @given(st.sampled_from(["approve", "deny", "withdraw"]), st.integers(min_value=0, max_value=2**53))
 def test_action_ids_round_trip(verb: str, gate: int) -> None:
     assert parse_action(action_id(verb, gate)) == (verb, gate)
+
+
+def test_gate_groups_are_looked_up_by_their_bare_slack_id() -> None:
+    from adapters.slack.adapter import slack_group_ids
+
+    entries = ["slack:SONCALL", "SBARE", "discord:123", "devchat:ops", "slack:SONCALL"]
+    assert slack_group_ids(entries) == ["SONCALL", "SBARE"]
+    assert slack_group_ids(None) == []
