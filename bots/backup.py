@@ -11,13 +11,14 @@ leaves a half file under the name. A PostgreSQL store is backed up with the serv
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
 from bots.config import BotConfig, ConfigError
-from bots.runtime import BotError
+from bots.runtime import EXIT_ERROR, EXIT_STORAGE, BotError
 from harness_core.storage import redact_url
 
 
@@ -46,7 +47,9 @@ def check_target(target: Path) -> None:
 def target_error(target: Path, exc: OSError) -> BotError:
     """One line for a file that cannot be written (missing or unwritable folder, full disk)."""
     where = exc.filename or target
-    return BotError(f"cannot write {target}: {exc.strerror or exc} ({where})")
+    # A read-only file system or a full disk is the storage class of failure (exit 3), like the store's own.
+    code = EXIT_STORAGE if exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT) else EXIT_ERROR
+    return BotError(f"cannot write {target}: {exc.strerror or exc} ({where})", code)
 
 
 def backup_storage(source: Path, target: Path) -> int:

@@ -87,8 +87,10 @@ async def gather_tasks(runtime: Runtime) -> tuple[str, list[dict[str, Any]], lis
         task = item.record
         call = await tool_call_of(runtime.harness, task)
         tool, arguments = (call.name, call.arguments) if call else (None, None)
+        gate_id: int | None = None
         if task.kind == GATE_TASK:  # a detached gated call waiting for its decision: name what it will run
-            gate = await runtime.harness.snapshot(ApprovalDoc, key=str(task.input.get("gate"))) or {}
+            gate_id = int(task.input.get("gate") or 0) or None
+            gate = await runtime.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
             tool, arguments = gate.get("tool"), gate.get("arguments")
         tasks.append(
             {
@@ -96,6 +98,7 @@ async def gather_tasks(runtime: Runtime) -> tuple[str, list[dict[str, Any]], lis
                 "kind": task.kind,
                 "tool": tool,
                 "arguments": arguments,
+                "gate": gate_id,  # the approval request a gate task waits for (`approvals` lists it)
                 "state": item.state,
                 "reason": item.reason,
                 "waiting_on": item.waiting_on,

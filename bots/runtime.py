@@ -287,10 +287,8 @@ async def open_storage(
                 "without --no-standby to wait as its standby",
                 EXIT_LOCKED,
             ) from None
-        except (
-            StorageError
-        ) as exc:  # unreachable server, bad credentials, a schema too new: say it in one line
-            raise BotError(str(exc)) from None
+        except StorageError as exc:  # unreachable server, bad credentials, a schema too new: one line
+            raise BotError(str(exc), storage_exit_code(exc)) from None
     path = target.path or config.storage_path
     if must_exist and not path.exists():
         raise BotError(f"there is no storage at {path} yet (has the bot run with this config?)")
@@ -300,12 +298,7 @@ async def open_storage(
         return await SqliteStorage.open(path, durability=config.storage.durability)
     except StorageLocked as exc:
         raise BotError(locked_message(path, exc), EXIT_LOCKED) from None
-    except StorageCorrupt as exc:  # a damaged file (disk, copy, hand edits): say what to do, no traceback
-        raise BotError(
-            f"{exc}; restore it from a backup (`durable-bots backup` makes one) or move it away"
-        ) from None
-    except StorageError as exc:  # unreadable (permissions), a schema too new
-        raise BotError(str(exc)) from None
+    # StorageCorrupt / StorageError go up as they are: the CLI ends them with one line and exit 4 / 3.
 
 
 async def open_runtime(

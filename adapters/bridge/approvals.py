@@ -36,6 +36,7 @@ from adapters.bridge.docs import ApprovalDoc, PlaceOfDoc, ReplyDoc
 from adapters.bridge.model import Place, RetryLater, TransportError
 from adapters.bridge.transport import GateView, Transport
 from harness_core import (
+    Aborted,
     Checkpoint,
     Complete,
     Detach,
@@ -215,7 +216,9 @@ class Approvals:
         self.gates: dict[str, dict[str, Any]] = {}  # gate id -> latest committed value
         self.renderers: dict[str, _Renderer] = {}
         self.stopping = False
-        self.task = define_task(GATE_TASK, phases={"wait": self._wait_phase, "execute": self._execute_phase})
+        self.task = define_task(
+            GATE_TASK, phases={"wait": self._wait_phase, "execute": self._execute_phase}, abort=self._abort
+        )
 
     def policy_for(self, tool: str) -> ApprovalPolicy | None:
         return next((p for p in self.policies if tool in p.tools), None)
@@ -310,6 +313,23 @@ class Approvals:
         after = await runtime.commit(look)
         if after.state.status == "running" and (after.state.checkpoint or {}).get("phase") == "execute":
             await self._run(task, runtime, recovering=False)
+
+    async def _abort(self, task: Task, runtime: TaskRuntime) -> None:
+        """The gate task was cancelled (`durable-bots cancel`, a reset of its conversation): a request still
+        pending can never be decided any more, so its card must not keep working buttons. It is closed as
+        withdrawn (not run); a call already approved and running keeps its recorded status."""
+        key = str(task.input["gate"])
+
+        async def close(tx: Tx, _task: Task) -> Aborted:
+            doc = await tx.doc(ApprovalDoc, key=key, seed={})
+            if doc.value.get("status") == "pending":
+                doc.value["status"] = "withdrawn"
+                doc.value["decided_by"] = "the bot (its task was cancelled)"
+                doc.value["decided_at"] = tx.now
+                doc.value["outcome"] = "not_run"
+            return Aborted(reason=task.abort_reason)
+
+        await runtime.commit(close)
 
     async def _execute_phase(self, task: Task, runtime: TaskRuntime) -> None:
         """Reached only by recovery: the process died while the approved call was running."""

@@ -82,6 +82,10 @@ class JournalTransport(MemoryTransport):
         )
         return message_id
 
+    async def update_approval(self, target: Place, message_id: str, gate: GateView) -> None:
+        await super().update_approval(target, message_id, gate)
+        self.note(op="approval_update", id=message_id, gate=gate.gate_id, status=gate.status)
+
 
 class FakeChat:
     name = "fake"

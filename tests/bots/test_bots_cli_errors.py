@@ -84,7 +84,7 @@ def test_a_corrupt_storage_file_is_one_line_with_the_fix_for_every_command(
         f'[storage]\npath = {toml_value(str(store))}\n[approvals]\napprovers = ["lead"]\n'
         "[adapters.devchat]\nport = 0\n"
     )
-    assert main([command[0], "--config", str(config), *command[1:]]) == 1
+    assert main([command[0], "--config", str(config), *command[1:]]) == 4  # EXIT_CORRUPT
     line = one_line_error(capsys)
     assert str(store) in line and "backup" in line, line
 
@@ -102,7 +102,7 @@ def test_a_storage_failure_mid_command_is_one_line(
         )
 
     monkeypatch.setattr(cli, "inspect_command", failing)
-    assert main(["inspect", "--config", str(config)]) == 1
+    assert main(["inspect", "--config", str(config)]) == 3  # EXIT_STORAGE: the storage cannot be used
     line = one_line_error(capsys)
     assert "connection was closed" in line and "hunter2" not in line, line
 

@@ -196,14 +196,20 @@ async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: P
         assert decided["status"] == "denied" and decided["operator_override"] is True
         assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
 
-        # A second deploy waits for its approver; the operator cancels its task instead.
+        # A second deploy waits for its approver; the operator cancels the task that waits for it instead.
         inbox.write_text(json.dumps({"id": "2", "text": "deploy payments 2.8.0"}) + "\n")
         second = await bot.wait_for_fake(lambda r: r["op"] == "approval" and r["gate"] != gate)
-        cancelled = await cli(config, "cancel", str(second["gate"]), env=env)
+        tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+        (waiting,) = [t for t in tasks if t["gate"] == int(second["gate"])]
+        cancelled = await cli(config, "cancel", str(waiting["id"]), env=env)
         assert cancelled.returncode == 0, cancelled.stderr
         assert "is being cancelled (by the running bot)" in cancelled.stdout
         tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
-        assert second["gate"] not in [t["id"] for t in tasks]
+        assert waiting["id"] not in [t["id"] for t in tasks]
+        # The request can never be decided now: its card says so instead of keeping working buttons.
+        listed = json.loads((await cli(config, "approvals", "--json", env=env)).stdout)["approvals"]
+        (closed,) = [g for g in listed if g["id"] == int(second["gate"])]
+        assert closed["status"] == "withdrawn"
         assert not (tmp_path / "deploys.jsonl").exists()
         assert await bot.terminate() == 0
     finally:
@@ -269,7 +275,8 @@ async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: 
         card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
         click = {"click": card["gate"], "user": "U-lead", "name": "lead", "approve": True}
         inbox.write_text(json.dumps(click) + "\n")
-        await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "1.4.3" in r["text"])
+        # The gate's outcome is a turn of its own: wait for its answer, not the "awaits approval" one.
+        await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "was approved by" in r["text"])
         assert await bot.terminate() == 0
         lines = (await bot.stderr()).splitlines()
     finally:
@@ -280,7 +287,8 @@ async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: 
     assert intake["platform_message"] == "m-1" and intake["place"] == "fake:W1:C1"
     assert isinstance(intake["conversation"], int) and isinstance(intake["submission"], int)
     (deploy,) = [r for r in records if r["message"].startswith("deploy of checkout 1.4.3")]
-    assert deploy["task"] == card["gate"] and deploy["conversation"] == intake["conversation"]
+    # The approved call runs in the task that waited for its gate (tasks --json names it with "gate").
+    assert isinstance(deploy["task"], int) and deploy["conversation"] == intake["conversation"]
     assert deploy["level"] == "INFO" and deploy["time"].endswith("Z")
     delivered = [r for r in records if r["message"].startswith("answer delivered")]
     assert delivered and all("submission" in r for r in delivered)
@@ -386,12 +394,15 @@ async def test_with_no_bot_running_decide_and_cancel_act_on_the_storage_for_the_
     assert [(d["service"], d["approved_by"]) for d in deploys(tmp_path)] == [
         ("checkout", "oncall (operator override)")
     ]
-    cancelled = await cli(config, "cancel", str(second["gate"]), env=env)
+    tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+    (waiting,) = [t for t in tasks if t["gate"] == int(second["gate"])]  # the task that waits for the gate
+    cancelled = await cli(config, "cancel", str(waiting["id"]), env=env)
     assert cancelled.returncode == 0 and "marked for cancellation" in cancelled.stdout, cancelled.stderr
-    await run_until(lambda r: r["op"] == "edit" and r["final"] and "aborted" in str(r["text"]))
+    # Its card closes at the next start: the request can never be decided now.
+    await run_until(lambda r: r["op"] == "approval_update" and r["status"] == "withdrawn")
     assert len(deploys(tmp_path)) == 1  # the cancelled deploy never ran
     tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
-    assert second["gate"] not in [t["id"] for t in tasks]
+    assert waiting["id"] not in [t["id"] for t in tasks]
 
 
 async def test_doctor_checks_the_discord_token_and_the_message_content_intent(tmp_path: Path) -> None:
