@@ -95,3 +95,29 @@ def test_console_lines_are_redacted() -> None:
         "durable-bots: the storage failed (lost: postgresql://bot:hunter2@db.internal/ops?sslkey=k)"
     )
     assert "hunter2" not in out.getvalue() and "postgresql://***@db.internal/ops?sslkey=***" in out.getvalue()
+
+
+def test_json_log_lines_redact_the_traceback() -> None:
+    """`--log-format json` formats the exception itself: it must not bypass the redaction the text format gets."""
+    import io
+    import json
+
+    from bots.logs import JsonLines
+
+    install_log_redaction()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonLines())
+    logger = logging.getLogger("tests.redaction.json")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        try:
+            raise RuntimeError("POST https://deploy:hunter2@h.test/x?token=t0psecret failed")
+        except RuntimeError:
+            logger.exception("deploy failed")
+    finally:
+        logger.removeHandler(handler)
+    line = json.loads(out.getvalue())
+    assert "hunter2" not in line["exception"] and "t0psecret" not in line["exception"]
+    assert "https://***@h.test/x?token=***" in line["exception"]
