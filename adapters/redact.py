@@ -18,6 +18,9 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 MASK = "***"
 
+# The userinfo of a URL: everything from the scheme to the first '@' before any '/' (a Discord path such as
+# /messages/@original is not userinfo).
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
 _TOKENS = (  # group 1 is kept (says what kind of secret was there), the rest is masked
     re.compile(r"\b(xox[a-z]\.xox[a-z]-)[A-Za-z0-9-]+"),  # Slack rotating tokens (xoxe.xoxp-...)
@@ -42,15 +45,20 @@ _SECRET_PATHS = (
 def redact_url(url: str) -> str:
     """`url` safe to print: no credentials, no query values, no fragment, no token in its path. Text that does
     not parse as a URL is returned with its token-shaped parts masked."""
+    # user:password first, by text: urlsplit misreads a password holding an unencoded '#' or '?' and refuses
+    # a bad port, and libpq's multi-host URLs (`postgresql://u:p@db1,db2/x`) have no single host.
+    url = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", url, count=1)
     try:
         parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
+        parts.port  # noqa: B018 - raises ValueError for a port urlsplit cannot read
     except ValueError:
-        return _mask_tokens(url)
+        # Not a URL urlsplit can take apart: keep it up to its query, which may carry secrets.
+        cut = re.search(r"[?#]", url)
+        head = url if cut is None else url[: cut.start()]
+        for pattern in _SECRET_PATHS:
+            head = pattern.sub(lambda m: m.group(1) + MASK, head)
+        return _mask_tokens(head if cut is None else head + "?" + MASK)
     netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{MASK}@{host}" + (f":{port}" if port is not None else "")
     path = parts.path
     for pattern in _SECRET_PATHS:
         path = pattern.sub(lambda m: m.group(1) + MASK, path)

@@ -121,3 +121,17 @@ def test_json_log_lines_redact_the_traceback() -> None:
     line = json.loads(out.getvalue())
     assert "hunter2" not in line["exception"] and "t0psecret" not in line["exception"]
     assert "https://***@h.test/x?token=***" in line["exception"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bot:hunter2@db1:5432,db2:5432/ops?sslpassword=t0psecret",  # libpq multi-host (standby)
+        "https://deploy:hunter2@deploy.example:99999/hook?token=t0psecret",  # port out of range
+        "https://deploy:hunter2#x@deploy.example/hook?token=t0psecret",  # unencoded '#' in the password
+        "https://deploy:hunter2?x@deploy.example/hook?token=t0psecret",  # unencoded '?' in the password
+    ],
+)
+def test_urls_urlsplit_cannot_take_apart_still_lose_their_secrets(url: str) -> None:
+    for shown in (redact_url(url), redact_text(f"connect to {url} failed")):
+        assert "hunter2" not in shown and "t0psecret" not in shown, shown
