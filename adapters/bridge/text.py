@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 FENCE = "```"
@@ -27,15 +28,18 @@ def neutralize_value(value: Any) -> Any:
     return value
 
 
-def split_text(text: str, limit: int) -> list[str]:
+def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
     """Split into parts of at most `limit` characters on safe boundaries: paragraph, line, then word. A part
-    never ends inside a code fence: an open fence is closed and reopened in the next part."""
+    never ends inside a code fence: an open fence is closed and reopened in the next part.
+
+    `measure` is a part's length as the platform counts it (Slack escapes `&<>`, which grows the text); it must
+    grow with every character added, as an escaping that works character by character does."""
     if limit < 16:
         raise ValueError("limit too small")
     parts: list[str] = []
     rest = text
-    while len(rest) > limit:
-        budget = limit - len(FENCE) - 1  # room to close a fence
+    while measure(rest) > limit:
+        budget = _fitting(rest, limit - len(FENCE) - 1, measure)  # room to close a fence
         cut = _best_cut(rest, budget)
         head, rest = rest[:cut], rest[cut:]
         if head.count(FENCE) % 2 == 1:
@@ -47,6 +51,20 @@ def split_text(text: str, limit: int) -> list[str]:
     if rest.strip() or not parts:
         parts.append(rest)
     return parts
+
+
+def _fitting(text: str, budget: int, measure: Callable[[str], int]) -> int:
+    """The most leading characters of `text` whose measure is within `budget` (at least one)."""
+    if measure is len:
+        return budget
+    low, high = 1, min(budget, len(text))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if measure(text[:middle]) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _best_cut(text: str, budget: int) -> int:

@@ -13,16 +13,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
 from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place, RateGovernor, RetryLater
-from adapters.bridge.text import render_partial
+from adapters.bridge.text import render_partial, split_text
 from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack._api import SlackPermanentError
 from adapters.slack.blocks import approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
+from adapters.slack.safe_text import slack_text
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
 from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
@@ -549,3 +552,16 @@ def test_the_reconnect_backoff_doubles_and_never_passes_its_cap_even_with_jitter
     assert backoff_delay(2, 5.0, 0.999) > backoff_delay(2, 5.0, 0.0)  # jittered upward
     assert backoff_delay(1, 50.0, 0.999) == BACKOFF_CAP  # 50 s plus a quarter would pass the cap
     assert backoff_delay(30, 5.0, 0.5) == BACKOFF_CAP
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.lists(st.sampled_from([*"ab &<>@\n`", "channel", "```"]), max_size=300).map("".join),
+    limit=st.integers(min_value=16, max_value=120),
+)
+def test_split_parts_fit_the_limit_once_escaped_for_slack(text: str, limit: int) -> None:
+    """Escaping grows `&<>` up to five times: a part is cut by its escaped length, and nothing is lost."""
+    parts = split_text(text, limit, lambda part: len(slack_text(part)))
+    assert all(len(slack_text(part)) <= limit for part in parts)
+    if "```" not in text:  # fences are closed and reopened across parts
+        assert "".join(parts).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(" ", "")
