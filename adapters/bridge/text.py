@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 FENCE = "```"
+_BACKTICK_RUN = re.compile(r"`(?=`)")
 # Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): in a tool argument or a name
 # they reorder the text around them on a card ("asked by mallory" shown reversed), so they are never rendered.
 _BIDI_CONTROLS = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
@@ -15,6 +17,12 @@ def neutralize_bidi(text: str) -> str:
     """`text` with every bidi control replaced by a visible `[U+202E]`-style tag (an approver sees that
     something tried to reorder the text, instead of the reordered text)."""
     return text.translate(_BIDI_CONTROLS)
+
+
+def break_fences(text: str) -> str:
+    """`text` safe inside a ``` code block: a zero-width space after every backtick that another follows, so
+    text quoted on a card (tool arguments) cannot close the card's block and have the rest render as markdown."""
+    return _BACKTICK_RUN.sub("`\u200b", text)
 
 
 def neutralize_value(value: Any) -> Any:

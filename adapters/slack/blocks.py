@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from adapters.bridge import GateView
+from adapters.bridge.text import break_fences
 from adapters.slack.safe_text import slack_text
 
 ACTION_PREFIX = "durable_bots_gate"
@@ -49,7 +50,7 @@ def _arguments(gate: GateView) -> str:
     rendered = json.dumps(gate.arguments, ensure_ascii=False, sort_keys=True, indent=1)
     if len(rendered) > ARGUMENTS_LIMIT:
         rendered = rendered[: ARGUMENTS_LIMIT - 1] + "…"
-    return _escape(rendered)
+    return break_fences(_escape(rendered))  # an argument cannot end the card's code block
 
 
 def _requester(gate: GateView) -> str:
