@@ -135,3 +135,19 @@ def test_json_log_lines_redact_the_traceback() -> None:
 def test_urls_urlsplit_cannot_take_apart_still_lose_their_secrets(url: str) -> None:
     for shown in (redact_url(url), redact_text(f"connect to {url} failed")):
         assert "hunter2" not in shown and "t0psecret" not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://deploy:hunter2@deploy.example:8443/hook?token=t0psecret", "https://deploy.example:8443"),
+        ("https://deploy:hunter2#x@deploy.example/hook", "https://deploy.example"),  # unencoded '#'
+        ("https://deploy:hunter2@deploy.example:99999/hook", "https://deploy.example:99999"),  # bad port
+    ],
+)
+def test_doctor_names_a_url_by_its_origin_even_when_urlsplit_cannot_read_it(url: str, shown: str) -> None:
+    """doctor's origin() raised ValueError on these (a crash quoting part of the password), or showed a
+    username as the host."""
+    from bots.doctor import origin
+
+    assert origin(url) == shown
