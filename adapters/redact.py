@@ -28,6 +28,8 @@ _TOKENS = (  # group 1 is kept (says what kind of secret was there), the rest is
     re.compile(r"\b(xapp-)[A-Za-z0-9-]{6,}"),  # Slack app-level tokens
     re.compile(r"\b()[A-Za-z0-9_-]{23,28}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,45}\b"),  # Discord bot tokens
     re.compile(r"(?i)\b(bearer |bot )[A-Za-z0-9._~+/=-]{16,}"),  # Authorization header values
+    # a secret query value outside a full URL (a request line such as `GET /?token=...` has no scheme)
+    re.compile(r"(?i)([?&](?:[a-z_]*token|ticket|password|secret|sig|signature|key|api_key)=)[^&\s'\"#]+"),
     # a secret field in a dumped payload, e.g. discord.py's DEBUG dump of INTERACTION_CREATE ('token': '...')
     re.compile(
         r"""(?i)(['"](?:token|[a-z_]*_token|ticket|password|secret|[a-z_]*_secret)['"]\s*:\s*['"])[^'"]+"""

@@ -151,3 +151,13 @@ def test_doctor_names_a_url_by_its_origin_even_when_urlsplit_cannot_read_it(url:
     from bots.doctor import origin
 
     assert origin(url) == shown
+
+
+def test_secret_query_values_in_relative_request_lines_are_masked() -> None:
+    """A request line (aiohttp's parse errors and DEBUG lines quote it) has no scheme, so it is not a URL to
+    redact: `?token=` (devchat's first visit) and the like are masked anyway."""
+    shown = redact_text(
+        "Error handling request: GET /?token=t0k3n-for-devchat-tests&x=1 HTTP/1.1; /ws?ticket=abc123"
+    )
+    assert "t0k3n" not in shown and "abc123" not in shown
+    assert "/?token=***&x=1" in shown and "/ws?ticket=***" in shown  # other values stay readable
