@@ -18,6 +18,9 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 MASK = "***"
 
+# The userinfo of a URL: everything from the scheme to the first '@' before any '/' (a Discord path such as
+# /messages/@original is not userinfo).
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
 _TOKENS = (  # group 1 is kept (says what kind of secret was there), the rest is masked
     re.compile(r"\b(xox[a-z]\.xox[a-z]-)[A-Za-z0-9-]+"),  # Slack rotating tokens (xoxe.xoxp-...)
@@ -25,6 +28,8 @@ _TOKENS = (  # group 1 is kept (says what kind of secret was there), the rest is
     re.compile(r"\b(xapp-)[A-Za-z0-9-]{6,}"),  # Slack app-level tokens
     re.compile(r"\b()[A-Za-z0-9_-]{23,28}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,45}\b"),  # Discord bot tokens
     re.compile(r"(?i)\b(bearer |bot )[A-Za-z0-9._~+/=-]{16,}"),  # Authorization header values
+    # a secret query value outside a full URL (a request line such as `GET /?token=...` has no scheme)
+    re.compile(r"(?i)([?&](?:[a-z_]*token|ticket|password|secret|sig|signature|key|api_key)=)[^&\s'\"#]+"),
     # a secret field in a dumped payload, e.g. discord.py's DEBUG dump of INTERACTION_CREATE ('token': '...')
     re.compile(
         r"""(?i)(['"](?:token|[a-z_]*_token|ticket|password|secret|[a-z_]*_secret)['"]\s*:\s*['"])[^'"]+"""
@@ -42,15 +47,20 @@ _SECRET_PATHS = (
 def redact_url(url: str) -> str:
     """`url` safe to print: no credentials, no query values, no fragment, no token in its path. Text that does
     not parse as a URL is returned with its token-shaped parts masked."""
+    # user:password first, by text: urlsplit misreads a password holding an unencoded '#' or '?' and refuses
+    # a bad port, and libpq's multi-host URLs (`postgresql://u:p@db1,db2/x`) have no single host.
+    url = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", url, count=1)
     try:
         parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port
+        parts.port  # noqa: B018 - raises ValueError for a port urlsplit cannot read
     except ValueError:
-        return _mask_tokens(url)
+        # Not a URL urlsplit can take apart: keep it up to its query, which may carry secrets.
+        cut = re.search(r"[?#]", url)
+        head = url if cut is None else url[: cut.start()]
+        for pattern in _SECRET_PATHS:
+            head = pattern.sub(lambda m: m.group(1) + MASK, head)
+        return _mask_tokens(head if cut is None else head + "?" + MASK)
     netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{MASK}@{host}" + (f":{port}" if port is not None else "")
     path = parts.path
     for pattern in _SECRET_PATHS:
         path = pattern.sub(lambda m: m.group(1) + MASK, path)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from adapters.redact import redact_url
 from bots.config import BotConfig, ConfigError
 from bots.runtime import EXIT_ERROR, EXIT_OK, BotError, build_models, check_tools, open_storage
 from harness_core.messages import UserMessage
@@ -54,9 +55,11 @@ class Check:
 
 def origin(url: str) -> str:
     """scheme://host[:port] of a URL: no credentials, path or query (they may hold secrets)."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    # Credentials masked by text first: urlsplit misreads a password holding '#' or '?' and refuses a bad
+    # port, which crashed the doctor with part of the password in the error.
+    parts = urlsplit(redact_url(url))
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host or '?'}"
 
 
 async def doctor_command(

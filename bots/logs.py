@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Any, Literal
 
-from adapters.redact import install_log_redaction
+from adapters.redact import install_log_redaction, redact_text
 from harness_core import log_ids
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -32,9 +32,9 @@ class JsonLines(logging.Formatter):
         }
         line.update(log_ids())
         if record.exc_info:
-            # exc_text is the traceback `install_log_redaction` already cleaned (URL passwords, tokens):
-            # formatting exc_info again would print them.
-            line["exception"] = record.exc_text or self.formatException(record.exc_info)
+            # The redacted traceback the log-record factory left in exc_text (formatting exc_info afresh would
+            # bring back any credential URL an exception message quotes).
+            line["exception"] = redact_text(record.exc_text or self.formatException(record.exc_info))
         return json.dumps(line, ensure_ascii=False, default=str)
 
 

@@ -164,7 +164,8 @@ class ReplyWorker:
             if not run.get("inputs") or int(run["inputs"][0]) != submission.id:
                 return False  # queued behind another run: nothing to show yet
             text = render_partial(live, await self.pending_approval_tools(int(reply["conversation_id"])))
-        parts = split_text(text, transport.max_chars)
+        # A platform that escapes text counts the escaped length (optional `measure` on the transport).
+        parts = split_text(text, transport.max_chars, getattr(transport, "measure", len))
         ids = await self.show(transport, target, reply, parts, final=final)
         if final:
             await self.finish(reply, target, answer_entry, ids)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 FENCE = "```"
+_BACKTICK_RUN = re.compile(r"`(?=`)")
 # Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): in a tool argument or a name
 # they reorder the text around them on a card ("asked by mallory" shown reversed), so they are never rendered.
 _BIDI_CONTROLS = {code: f"[U+{code:04X}]" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
@@ -16,6 +19,12 @@ def neutralize_bidi(text: str) -> str:
     """`text` with every bidi control replaced by a visible `[U+202E]`-style tag (an approver sees that
     something tried to reorder the text, instead of the reordered text)."""
     return text.translate(_BIDI_CONTROLS)
+
+
+def break_fences(text: str) -> str:
+    """`text` safe inside a ``` code block: a zero-width space after every backtick that another follows, so
+    text quoted on a card (tool arguments) cannot close the card's block and have the rest render as markdown."""
+    return _BACKTICK_RUN.sub("`\u200b", text)
 
 
 def neutralize_value(value: Any) -> Any:
@@ -29,15 +38,18 @@ def neutralize_value(value: Any) -> Any:
     return value
 
 
-def split_text(text: str, limit: int) -> list[str]:
+def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
     """Split into parts of at most `limit` characters on safe boundaries: paragraph, line, then word. A part
-    never ends inside a code fence: an open fence is closed and reopened in the next part."""
+    never ends inside a code fence: an open fence is closed and reopened in the next part.
+
+    `measure` is a part's length as the platform counts it (Slack escapes `&<>`, which grows the text); it must
+    grow with every character added, as an escaping that works character by character does."""
     if limit < 16:
         raise ValueError("limit too small")
     parts: list[str] = []
     rest = text
-    while len(rest) > limit:
-        budget = limit - len(FENCE) - 1  # room to close a fence
+    while measure(rest) > limit:
+        budget = _fitting(rest, limit - len(FENCE) - 1, measure)  # room to close a fence
         cut = _best_cut(rest, budget)
         head, rest = rest[:cut], rest[cut:]
         if head.count(FENCE) % 2 == 1:
@@ -49,6 +61,20 @@ def split_text(text: str, limit: int) -> list[str]:
     if rest.strip() or not parts:
         parts.append(rest)
     return parts
+
+
+def _fitting(text: str, budget: int, measure: Callable[[str], int]) -> int:
+    """The most leading characters of `text` whose measure is within `budget` (at least one)."""
+    if measure is len:
+        return budget
+    low, high = 1, min(budget, len(text))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if measure(text[:middle]) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _best_cut(text: str, budget: int) -> int:

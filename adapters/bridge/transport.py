@@ -35,6 +35,26 @@ class GateView:
                 object.__setattr__(self, name, neutralize_bidi(value))
         object.__setattr__(self, "arguments", neutralize_value(self.arguments))
 
+    def approvers_on(self, platform: str) -> list[str]:
+        """The approver ids that count on `platform`, without their `platform:` prefix (a card shows the
+        people who can click on it, not another platform's ids)."""
+        return _entries_on(platform, self.approvers)
+
+    def groups_on(self, platform: str) -> list[str]:
+        return _entries_on(platform, self.groups)
+
+
+def _entries_on(platform: str, entries: tuple[str, ...]) -> list[str]:
+    shown: list[str] = []
+    for entry in entries:
+        prefix, colon, rest = entry.partition(":")
+        namespaced = bool(colon and rest and prefix.isidentifier() and prefix.islower())
+        if not namespaced:
+            shown.append(entry)  # a bare entry: only allowed while one platform runs
+        elif prefix == platform:
+            shown.append(rest)
+    return shown
+
 
 @runtime_checkable
 class Transport(Protocol):

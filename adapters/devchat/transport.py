@@ -23,7 +23,11 @@ def thread_id(place: Place) -> int | None:
 
 
 def gate_json(gate: GateView) -> dict[str, Any]:
-    return dataclasses.asdict(gate)
+    shown = dataclasses.asdict(gate)
+    # The page lists who may approve here: devchat's own names, without the `devchat:` prefix.
+    shown["approvers"] = gate.approvers_on(PLATFORM)
+    shown["groups"] = gate.groups_on(PLATFORM)
+    return shown
 
 
 def gate_text(gate: GateView) -> str:

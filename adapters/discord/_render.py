@@ -7,7 +7,7 @@ import json
 import discord
 
 from adapters.bridge import GateView
-from adapters.bridge.text import neutralize_bidi
+from adapters.bridge.text import break_fences, neutralize_bidi
 from adapters.discord._markers import MARKER_COLOUR
 
 ARGUMENTS_LIMIT = 1000  # an embed field holds at most 1024 characters
@@ -29,7 +29,13 @@ def _arguments(gate: GateView) -> str:
     text = json.dumps(gate.arguments, indent=2, ensure_ascii=False, sort_keys=True)
     if len(text) > ARGUMENTS_LIMIT:
         text = text[: ARGUMENTS_LIMIT - 1] + "…"
-    return f"```json\n{text}\n```"
+    return f"```json\n{break_fences(text)}\n```"
+
+
+def _name(name: str | None, default: str) -> str:
+    """A person's name as plain text: display names are free text, and markdown in one (a masked link, bold
+    "approved") must not render on the card."""
+    return discord.utils.escape_markdown(name) if name else default
 
 
 def approval_content(gate: GateView) -> str:
@@ -39,9 +45,9 @@ def approval_content(gate: GateView) -> str:
     when = _timestamp(gate.decided_at, "f")
     suffix = f" · {when}" if when else ""
     if gate.status == "approved":
-        return f"✅ {tool} **approved** by {gate.decided_by or 'an approver'}{suffix}"
+        return f"✅ {tool} **approved** by {_name(gate.decided_by, 'an approver')}{suffix}"
     if gate.status == "denied":
-        return f"❌ {tool} **denied** by {gate.decided_by or 'an approver'}{suffix}"
+        return f"❌ {tool} **denied** by {_name(gate.decided_by, 'an approver')}{suffix}"
     if gate.status == "expired":
         return f"⌛ {tool} was not approved in time (expired){suffix}"
     if gate.status == "withdrawn":
@@ -55,9 +61,9 @@ def approval_embed(gate: GateView, footer: str) -> discord.Embed:
         description=_arguments(gate),
         colour=STATUS_COLOURS.get(gate.status, MARKER_COLOUR),
     )
-    embed.add_field(name="Requested by", value=gate.requester_name or "the agent", inline=True)
-    approvers = [f"<@{a}>" if a.isdigit() else a for a in gate.approvers]
-    approvers += [f"<@&{g}>" if g.isdigit() else g for g in gate.groups]
+    embed.add_field(name="Requested by", value=_name(gate.requester_name, "the agent"), inline=True)
+    approvers = [f"<@{a}>" if a.isdigit() else _name(a, "") for a in gate.approvers_on("discord")]
+    approvers += [f"<@&{g}>" if g.isdigit() else _name(g, "") for g in gate.groups_on("discord")]
     embed.add_field(name="May approve", value=", ".join(approvers) or "nobody", inline=True)
     if gate.status == "pending":
         embed.add_field(name="Expires", value=_timestamp(gate.expires_at, "R") or "never", inline=True)
@@ -85,7 +91,7 @@ def refusal_text(
         when = _timestamp(decided_at, "t")
         return (
             f"This request was already {status}"
-            + (f" by {neutralize_bidi(decided_by)}" if decided_by else "")
+            + (f" by {_name(neutralize_bidi(decided_by), '')}" if decided_by else "")
             + (f" at {when}." if when else ".")
         )
     if reason == "expired":

@@ -14,6 +14,7 @@ from typing import Any
 
 from adapters.bridge import GateView
 from adapters.bridge.approvals import Action
+from adapters.bridge.text import break_fences
 from adapters.slack.safe_text import slack_text
 
 ACTION_PREFIX = "durable_bots_gate"
@@ -54,7 +55,7 @@ def _arguments(gate: GateView) -> str:
     rendered = json.dumps(gate.arguments, ensure_ascii=False, sort_keys=True, indent=1)
     if len(rendered) > ARGUMENTS_LIMIT:
         rendered = rendered[: ARGUMENTS_LIMIT - 1] + "…"
-    return _escape(rendered)
+    return break_fences(_escape(rendered))  # an argument cannot end the card's code block
 
 
 def _requester(gate: GateView) -> str:
@@ -64,8 +65,12 @@ def _requester(gate: GateView) -> str:
 
 
 def _approvers(gate: GateView) -> str:
-    people = [f"<@{a}>" if re.fullmatch(r"[UW][A-Z0-9]+", a) else _escape(a) for a in gate.approvers]
-    groups = [f"<!subteam^{g}>" if re.fullmatch(r"S[A-Z0-9]+", g) else _escape(g) for g in gate.groups]
+    people = [
+        f"<@{a}>" if re.fullmatch(r"[UW][A-Z0-9]+", a) else _escape(a) for a in gate.approvers_on("slack")
+    ]
+    groups = [
+        f"<!subteam^{g}>" if re.fullmatch(r"S[A-Z0-9]+", g) else _escape(g) for g in gate.groups_on("slack")
+    ]
     return ", ".join([*people, *groups]) or "nobody"
 
 

@@ -38,7 +38,8 @@ class SlackOptions(BaseModel):
     more than this."""
     max_chars: int = Field(default=3500, ge=100, le=12_000)
     """Longest message part. Slack truncates `text` past 40,000 characters, recommends under 4,000, and takes
-    at most 12,000 characters of `markdown_text` per call: 3,500 leaves room for markdown expansion."""
+    at most 12,000 characters of `markdown_text` per call: 3,500 leaves room for markdown expansion. Counted
+    after escaping (`&` is sent as `&amp;`), so an answer full of `&<>` is split into more parts, never cut."""
     edit_interval: float = Field(default=1.0, ge=0.0, le=60.0)
     """Seconds between two writes into one channel (posts, stream appends and `chat.update`s of every answer
     there share it; Slack allows about one message per second per channel, `chat.update` is Tier 3)."""

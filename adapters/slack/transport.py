@@ -152,6 +152,10 @@ class SlackTransport:
         self._stream_refused = False
         self._closed = False
 
+    def measure(self, text: str) -> int:
+        """A part's length as Slack counts it: escaped (`&<>` grow), which is what `max_chars` limits."""
+        return len(slack_text(text))
+
     def close(self) -> None:
         self._closed = True
 

@@ -136,11 +136,9 @@ def redact_url(dsn: str) -> str:
         parts = urlsplit(dsn)
     except ValueError:
         return "postgresql://(unparseable url)"
-    netloc = parts.hostname or ""
-    if parts.port is not None:
-        netloc = f"{netloc}:{parts.port}"
-    if parts.username:
-        netloc = f"{parts.username}@{netloc}"
+    # The hosts as written (libpq's multi-host `db1:5432,db2:5432` has no single host or port to parse).
+    hosts = parts.netloc.rpartition("@")[2]
+    netloc = f"{parts.username}@{hosts}" if parts.username else hosts
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 

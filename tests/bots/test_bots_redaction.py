@@ -121,3 +121,68 @@ def test_json_log_lines_are_redacted_in_message_and_traceback() -> None:
     line = json.loads(JsonLines().format(record))
     assert "hunter2" not in line["message"] and "postgresql://***@db.internal/ops" in line["message"]
     assert "hunter2" not in line["exception"] and "RuntimeError" in line["exception"]
+
+
+def test_json_log_lines_redact_the_traceback() -> None:
+    """`--log-format json` formats the exception itself: it must not bypass the redaction the text format gets."""
+    import io
+    import json
+
+    from bots.logs import JsonLines
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonLines())
+    logger = logging.getLogger("tests.redaction.json")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        try:
+            raise RuntimeError("POST https://deploy:hunter2@h.test/x?token=t0psecret failed")
+        except RuntimeError:
+            logger.exception("deploy failed")
+    finally:
+        logger.removeHandler(handler)
+    line = json.loads(out.getvalue())
+    assert "hunter2" not in line["exception"] and "t0psecret" not in line["exception"]
+    assert "https://***@h.test/x?token=***" in line["exception"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://bot:hunter2@db1:5432,db2:5432/ops?sslpassword=t0psecret",  # libpq multi-host (standby)
+        "https://deploy:hunter2@deploy.example:99999/hook?token=t0psecret",  # port out of range
+        "https://deploy:hunter2#x@deploy.example/hook?token=t0psecret",  # unencoded '#' in the password
+        "https://deploy:hunter2?x@deploy.example/hook?token=t0psecret",  # unencoded '?' in the password
+    ],
+)
+def test_urls_urlsplit_cannot_take_apart_still_lose_their_secrets(url: str) -> None:
+    for shown in (redact_url(url), redact_text(f"connect to {url} failed")):
+        assert "hunter2" not in shown and "t0psecret" not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://deploy:hunter2@deploy.example:8443/hook?token=t0psecret", "https://deploy.example:8443"),
+        ("https://deploy:hunter2#x@deploy.example/hook", "https://deploy.example"),  # unencoded '#'
+        ("https://deploy:hunter2@deploy.example:99999/hook", "https://deploy.example:99999"),  # bad port
+    ],
+)
+def test_doctor_names_a_url_by_its_origin_even_when_urlsplit_cannot_read_it(url: str, shown: str) -> None:
+    """doctor's origin() raised ValueError on these (a crash quoting part of the password), or showed a
+    username as the host."""
+    from bots.doctor import origin
+
+    assert origin(url) == shown
+
+
+def test_secret_query_values_in_relative_request_lines_are_masked() -> None:
+    """A request line (aiohttp's parse errors and DEBUG lines quote it) has no scheme, so it is not a URL to
+    redact: `?token=` (devchat's first visit) and the like are masked anyway."""
+    shown = redact_text(
+        "Error handling request: GET /?token=t0k3n-for-devchat-tests&x=1 HTTP/1.1; /ws?ticket=abc123"
+    )
+    assert "t0k3n" not in shown and "abc123" not in shown
+    assert "/?token=***&x=1" in shown and "/ws?ticket=***" in shown  # other values stay readable

@@ -4,6 +4,7 @@ platform renders approval cards from `GateView`, which shows them as visible `[U
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,3 +76,20 @@ def test_refusals_that_name_the_decider_show_bidi_controls_as_tags() -> None:
         slack_refusal(Decision(False, "approved", "lead\u202eyrollam", "already_decided"), "deploy"),
     ):
         assert "lead[U+202E]yrollam" in text and "\u202e" not in text
+
+
+def test_arguments_cannot_close_the_cards_code_block_and_names_carry_no_markdown() -> None:
+    """A tool argument holding ``` would end the card's code block early, and what follows would render as
+    markdown: a masked link or a bold "approved by lead" on Discord, forged formatting on Slack. Discord names
+    (display names are free text) are shown without markdown too."""
+    forged = "x```\n**Approved by lead** [runbook](https://evil.example)\n```"
+    view = gate(status="pending", arguments={"note": forged}, requester_name="[lead](https://evil.example)")
+    embed = approval_embed(view, "footer")
+    assert embed.description is not None and embed.description.count("```") == 2  # only the card's own fence
+    slack_section = approval_blocks(view)[0]["text"]["text"]
+    assert slack_section.count("```") == 2
+    requested_by = embed.fields[0].value or ""
+    unescaped = re.compile(r"(?<!\\)(\[lead\]\(|\[x\]\(|\*\*lead)")
+    assert not unescaped.search(requested_by) and "lead" in requested_by
+    decided = approval_content(gate(decided_by="**lead** [x](https://evil.example)"))
+    assert not unescaped.search(decided) and "lead" in decided

@@ -462,3 +462,32 @@ async def test_a_click_counts_only_on_the_approval_requests_own_message(
         lambda: "deploy finished: deployed api" in [m.text for m in replies_of_bot(fake, ops)] or None, 15
     )
     assert len(bots.ledger()) == 1
+
+
+async def test_parts_stay_within_the_limit_after_escaping(
+    fake: FakeSlack, people: People, general: Channel, bots: Bots
+) -> None:
+    """`&`, `<`, `>` grow to 4-5 characters when escaped for Slack, so the split counts the escaped text: an answer
+    full of them must not make a part longer than `max_chars` (Slack refuses a markdown_text over 12,000)."""
+    bot = await bots.start(
+        {
+            "reply_in_thread": True,
+            "chunk_size": 24,
+            "delay_ms": 5,
+            "slack": {"max_chars": 200, "edit_interval": 0.1},
+        }
+    )
+    post = await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> " + "a&b " * 40)
+    await post.wait_acked()
+    await fake.wait_for(
+        lambda: (
+            "[saw:" in " ".join(m.text for m in replies_of_bot(fake, general, post.ts))
+            and not any(m.streaming for m in replies_of_bot(fake, general, post.ts))
+        ),
+        15,
+    )
+    await bot.stop()
+    parts = replies_of_bot(fake, general, post.ts)
+    assert all(len(m.text) <= 200 for m in parts), [len(m.text) for m in parts]
+    assert len(parts) >= 2
+    assert " ".join(m.text for m in parts).count("a&amp;b") >= 40  # all of the answer, escaped

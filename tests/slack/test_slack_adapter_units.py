@@ -19,13 +19,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.base import Adapter
 from adapters.bridge import Bridge, DeleteRefused, GateView, MessageGone, Place, RateGovernor, RetryLater
-from adapters.bridge.text import render_partial
+from adapters.bridge.text import render_partial, split_text
 from adapters.redact import install_log_redaction
 from adapters.slack import SlackConfigError, SlackOptions, SlackTransport, create, signature_valid
 from adapters.slack import transport as slack_transport
 from adapters.slack._api import SlackPermanentError
 from adapters.slack.blocks import action_id, approval_blocks, fallback_text, parse_action
 from adapters.slack.directory import Directory
+from adapters.slack.safe_text import slack_text
 from adapters.slack.testing import FakeSlack
 from adapters.slack.transport import streamable
 from harness_core import AgentChange, Extension, Harness, ModelRef, Models, Registry, ToolApi, tool
@@ -597,3 +598,52 @@ def test_gate_groups_are_looked_up_by_their_bare_slack_id() -> None:
     entries = ["slack:SONCALL", "SBARE", "discord:123", "devchat:ops", "slack:SONCALL"]
     assert slack_group_ids(entries) == ["SONCALL", "SBARE"]
     assert slack_group_ids(None) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.lists(st.sampled_from([*"ab &<>@\n`", "channel", "```"]), max_size=300).map("".join),
+    limit=st.integers(min_value=16, max_value=120),
+)
+def test_split_parts_fit_the_limit_once_escaped_for_slack(text: str, limit: int) -> None:
+    """Escaping grows `&<>` up to five times: a part is cut by its escaped length, and nothing is lost."""
+    parts = split_text(text, limit, lambda part: len(slack_text(part)))
+    assert all(len(slack_text(part)) <= limit for part in parts)
+    if "```" not in text:  # fences are closed and reopened across parts
+        assert "".join(parts).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(" ", "")
+
+
+async def test_catch_up_of_a_new_channel_stops_at_the_look_back_bound(fake: FakeSlack) -> None:
+    """`catch_up_hours` bounds how far back a channel without a place is read: a mention older than the bound
+    (but after the first start) is left alone, one inside it is answered."""
+    incidents = fake.add_channel("incidents")
+    alice = fake.add_user("UALICE", name="alice")
+    mention = f"<@{fake.bot_user_id}>"
+    faux = FauxProvider()
+    faux.set_responder(
+        lambda r: faux_assistant("re " + [user_text(m) for m in r.messages if isinstance(m, UserMessage)][-1])
+    )
+    registry = Registry()
+    harness = await Harness.open(await MemoryStorage.open(), models=Models(faux), registry=registry)
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    await bridge.start()
+    harness.resume()
+    bound_seconds = 3.0
+    options = {"mode": "socket", "catch_up_hours": bound_seconds / 3600}
+    first = create(options, fake.env)
+    await first.start(bridge)
+    await first.stop()
+    fake.seed_message(incidents, f"{mention} too old to catch up", user=alice)
+    await asyncio.sleep(bound_seconds + 1.0)  # the first mention is now past the look-back bound
+    fake.seed_message(incidents, f"{mention} recent enough", user=alice)
+    second = create(options, fake.env)
+    await second.start(bridge)
+    try:
+        assert second.catch_up_summary == "caught up 1 message(s) in 1 channel(s)"
+        await fake.wait_for_message(incidents, contains="recent enough", timeout=10)
+        assert not [m for m in fake.bot_messages(incidents) if "too old" in m.text]
+    finally:
+        await second.stop()
+        await bridge.stop()
+        await harness.close()

@@ -188,3 +188,58 @@ async def test_a_message_with_a_lone_surrogate_is_answered_once_and_a_restart_is
     assert taken == [f"{mention} broken \ufffd emoji", f"{mention} and now?"]
     assert len(replies_of_bot(fake, general)) == 2
     assert "Traceback" not in bot.log() + again.log()
+
+
+async def chunked_post(url: str, headers: dict[str, str], size: int) -> tuple[int, dict[str, str]]:
+    """POST `size` bytes with `Transfer-Encoding: chunked` (no Content-Length), as fast as the server takes them."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        head = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.netloc}", "Transfer-Encoding: chunked"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        chunk = b"x" * (64 * 1024)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(size // len(chunk)):
+                writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        answered: dict[str, str] = {}
+        while (line := await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b""):
+            key, _, value = line.decode().partition(":")
+            answered[key.strip().lower()] = value.strip()
+        return int(status_line.split()[1]), answered
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def test_a_chunked_body_without_content_length_is_capped_too(
+    fake: FakeSlack, people: People, bots: Bots
+) -> None:
+    """No Content-Length to refuse on: the endpoint stops reading at its limit (413), holding no more than that."""
+    general = fake.add_channel("general")
+    bot = await bots.start(HTTP)
+    fresh = {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": str(int(time.time())),
+        "X-Slack-Signature": "v0=" + "0" * 64,
+    }
+    process = psutil.Process(bot.pid)
+    before = process.memory_info().rss
+    results = await asyncio.gather(*(chunked_post(bot.url, fresh, 4 * MB) for _ in range(20)))
+    assert all(status == 413 and headers.get("x-slack-no-retry") == "1" for status, headers in results), (
+        results
+    )
+    grown = process.memory_info().rss - before
+    assert grown < 50 * MB, f"RSS grew by {grown / MB:.0f} MB for 20 chunked 4 MB POSTs"
+
+    fake.request_url = bot.url
+    post = await fake.user_posts(general, people.alice, f"<@{fake.bot_user_id}> still up?")
+    await post.wait_acked()
+    await fake.wait_for_message(general, contains="still up?", timeout=10)
+    await bot.stop()
+    assert bot.log().count("over 524288 bytes (declared None)") == 20

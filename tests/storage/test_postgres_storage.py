@@ -291,3 +291,10 @@ def test_redacted_urls_never_hold_the_password(user: str, password: str, host: s
     dsn = f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}@{host}:5432/ops{query}"
     # Exactly user, host, port and database: no password field, no query (which may carry one too).
     assert redact_url(dsn) == f"postgresql://{quote(user, safe='')}@{host}:5432/ops"
+
+
+def test_a_multi_host_url_is_described_without_its_password() -> None:
+    """libpq's multi-host form (a primary and its standbys) has no single port urlsplit can read: it must still
+    be described, never crash the bot's start with a ValueError."""
+    shown = redact_url("postgresql://bot:s3cret@db1:5432,db2:5432/ops?target_session_attrs=read-write")
+    assert "s3cret" not in shown and shown == "postgresql://bot@db1:5432,db2:5432/ops"
