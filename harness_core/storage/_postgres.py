@@ -152,6 +152,10 @@ class PostgresStorage(SqlRecordReads):
     """A PostgreSQL database. Open with `await PostgresStorage.open(dsn)`; one lease holder writes at a time."""
 
     _numbered = True
+    _LATEST_HEAD = (
+        "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
+        "ORDER BY id DESC LIMIT 1"
+    )
 
     def __init__(
         self,
@@ -351,17 +355,6 @@ class PostgresStorage(SqlRecordReads):
 
     async def _scan_rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
         return await self._rows(sql, params, action)  # reads already use the pool, beside the writer
-
-    # --- records (the rest: SqlRecordReads) -----------------------------------------------------------
-
-    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
-        rows = await self._rows(
-            "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
-            "ORDER BY id DESC LIMIT 1",
-            (conversation_id, MAX_SEQ if at_or_before is None else at_or_before),
-            "read head marker",
-        )
-        return None if not rows else self._parse(Entry, rows[0][0], "entries row")
 
     # --- documents ----------------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ class SqlRecordReads:
     """The record reads of `Storage` over a backend's `_rows`/`_scan_rows`. A subclass sets `_numbered`."""
 
     _numbered: ClassVar[bool]  # placeholders `$1`, `$2`, ... (PostgreSQL) instead of `?` (SQLite)
+    _LATEST_HEAD: ClassVar[str]  # the newest entry with a head marker in a conversation at or before an id
 
     @property
     def description(self) -> str:
@@ -141,6 +142,14 @@ class SqlRecordReads:
         if max_id is not None:
             filters.append(("id <= ?", max_id))
         return await self._scan(Entry, "entries", f"entries:{conversation_id}", filters, order, limit, cursor)
+
+    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
+        rows = await self._rows(
+            self._LATEST_HEAD,
+            (conversation_id, MAX_SEQ if at_or_before is None else at_or_before),
+            "read head marker",
+        )
+        return None if not rows else self._parse(Entry, rows[0][0], "entries row")
 
     async def task(self, task_id: int) -> Task | None:
         return await self._one(Task, "tasks", task_id)

@@ -434,6 +434,12 @@ class SqliteStorage(SqlRecordReads):
     """A SQLite file. Open with `await SqliteStorage.open(path)`; one process owns it at a time."""
 
     _numbered = False
+    # INDEXED BY: without statistics the planner may pick the full conversation index and walk every entry of
+    # the conversation.
+    _LATEST_HEAD = (
+        "SELECT record FROM entries INDEXED BY entries_heads "
+        "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1"
+    )
 
     def __init__(
         self,
@@ -650,19 +656,6 @@ class SqliteStorage(SqlRecordReads):
         rows = await self._rows("SELECT next_id, last_seq FROM meta WHERE id = 1", (), "read meta")
         self._next_id, self._last_seq = abs(int(rows[0][0])), int(rows[0][1])
         self._reserved = (self._next_id, self._last_seq)
-
-    # --- records (the rest: SqlRecordReads) -----------------------------------------------------------
-
-    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
-        # INDEXED BY: without statistics the planner may pick the full conversation index and walk every
-        # entry of the conversation.
-        rows = await self._rows(
-            "SELECT record FROM entries INDEXED BY entries_heads "
-            "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1",
-            (conversation_id, MAX_SEQ if at_or_before is None else at_or_before),
-            "read head marker",
-        )
-        return None if not rows else self._parse(Entry, rows[0][0], "entries row")
 
     # --- documents ----------------------------------------------------------------------------------------
 
