@@ -86,6 +86,14 @@ restart_limit = {restart_limit}
     return path
 
 
+def write_inbox_config(workdir: Path, message_id: str, text: str, extra: str = "") -> tuple[Path, Path]:
+    """`write_config` with one first message and an inbox file (returned second) the fake chat reads later
+    messages and clicks from."""
+    inbox = workdir / "inbox.jsonl"
+    messages = [{"id": message_id, "text": text}]
+    return write_config(workdir, messages=messages, extra=f'inbox = "{inbox}"\n{extra}'), inbox
+
+
 def shipped_config_in(
     workdir: Path,
     *,

@@ -21,6 +21,7 @@ from bots_cli_support import (
     retry_the_parked_task,
     shipped_config_in,
     write_config,
+    write_inbox_config,
 )
 from slack_ops_support import SlackBot, body, sample, slack_bot
 
@@ -167,12 +168,7 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) ->
 
 async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n',
-    )
+    config, inbox = write_inbox_config(tmp_path, "1", "deploy checkout 1.4.3")
     bot = await BotProcess.start(config, env=env)
     try:
         card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
@@ -253,12 +249,7 @@ async def _true(value: bool) -> bool:
 
 async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "m-1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n',
-    )
+    config, inbox = write_inbox_config(tmp_path, "m-1", "deploy checkout 1.4.3")
     bot = await BotProcess.start(config, "--log-format", "json", "--log-level", "INFO", env=env)
     try:
         card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
@@ -348,11 +339,8 @@ async def test_with_no_bot_running_decide_and_cancel_act_on_the_storage_for_the_
     tmp_path: Path,
 ) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n\n[logging]\nformat = "json"\n',
+    config, inbox = write_inbox_config(
+        tmp_path, "1", "deploy checkout 1.4.3", '\n[logging]\nformat = "json"\n'
     )
 
     async def run_until(predicate: Callable[[dict[str, object]], bool]) -> dict[str, object]:
