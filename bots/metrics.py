@@ -31,6 +31,16 @@ _LATENCY_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 _COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
 
+def _counter(registry: CollectorRegistry, name: str, documentation: str, *labels: str) -> Counter:
+    return Counter(name, documentation, labels, namespace=NAMESPACE, registry=registry)
+
+
+def _histogram(
+    registry: CollectorRegistry, name: str, documentation: str, buckets: Sequence[float], *labels: str
+) -> Histogram:
+    return Histogram(name, documentation, labels, namespace=NAMESPACE, buckets=buckets, registry=registry)
+
+
 @dataclass
 class Sample:
     """What a scrape reads from the running bot (taken in the event loop, see `BotMetrics.sample`)."""
@@ -54,48 +64,29 @@ class BotMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.model_requests = Counter(
-            "model_requests",
-            "Model requests by model and outcome",
-            ["model", "outcome"],
-            namespace=NAMESPACE,
-            registry=r,
+        self.model_requests = _counter(
+            r, "model_requests", "Model requests by model and outcome", "model", "outcome"
         )
-        self.model_latency = Histogram(
+        self.model_latency = _histogram(
+            r,
             "model_request_seconds",
             "Model request time, first byte to last, by model",
-            ["model"],
-            namespace=NAMESPACE,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
+            "model",
         )
-        self.model_tokens = Counter(
+        self.model_tokens = _counter(
+            r,
             "model_tokens",
             "Tokens by model and kind (input, output, cache_read, cache_write)",
-            ["model", "kind"],
-            namespace=NAMESPACE,
-            registry=r,
+            "model",
+            "kind",
         )
-        self.model_cost = Counter(
-            "model_cost_dollars",
-            "Model cost in US dollars by model",
-            ["model"],
-            namespace=NAMESPACE,
-            registry=r,
+        self.model_cost = _counter(r, "model_cost_dollars", "Model cost in US dollars by model", "model")
+        self.tool_runs = _counter(
+            r, "tool_runs", "Tool results committed, by tool and outcome (ok, error)", "tool", "outcome"
         )
-        self.tool_runs = Counter(
-            "tool_runs",
-            "Tool results committed, by tool and outcome (ok, error)",
-            ["tool", "outcome"],
-            namespace=NAMESPACE,
-            registry=r,
-        )
-        self.commit_latency = Histogram(
-            "commit_seconds",
-            "Time one storage commit (a group of harness commits) took",
-            namespace=NAMESPACE,
-            buckets=_COMMIT_BUCKETS,
-            registry=r,
+        self.commit_latency = _histogram(
+            r, "commit_seconds", "Time one storage commit (a group of harness commits) took", _COMMIT_BUCKETS
         )
         self.loop_lag = Gauge(
             "event_loop_lag_seconds",

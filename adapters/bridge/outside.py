@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from harness_core import clean_text
+
 REPLACEMENT = "\ufffd"
 MAX_DEPTH = 64
 """Nesting accepted in a platform payload. Slack's and Discord's deepest (rich-text blocks, components) stay
@@ -25,11 +27,9 @@ class PayloadTooDeep(ValueError):
     """A payload nested deeper than `MAX_DEPTH`."""
 
 
-def valid_text(text: str) -> str:
-    """`text` with every unpaired surrogate replaced by U+FFFD (the same object when there is none)."""
-    if _SURROGATE.search(text) is None:
-        return text
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+# The harness's own boundary cleaner: `text` with every unpaired surrogate replaced by U+FFFD and a split pair
+# joined (the same object when there is nothing to fix). One rule for adapters and harness alike.
+valid_text = clean_text
 
 
 def may_hold_surrogates(raw: str | bytes) -> bool:
@@ -42,7 +42,11 @@ def may_hold_surrogates(raw: str | bytes) -> bool:
 
 def valid_payload(value: Any, *, max_depth: int = MAX_DEPTH) -> Any:
     """A decoded JSON value with `valid_text` applied to every string (keys too). Raises `PayloadTooDeep` past
-    `max_depth` levels, so a hostile payload cannot exhaust the stack here or further on."""
+    `max_depth` levels, so a hostile payload cannot exhaust the stack here or further on.
+
+    Not `harness_core.clean_json`: that one is strict (NaN, ints beyond 64 bits, non-JSON values raise), and a
+    platform payload must never be refused for a field the adapter does not even read. Only its strings are
+    cleaned here; everything else is left as decoded."""
     return _walk(value, 0, max_depth)
 
 

@@ -24,6 +24,8 @@ Contract for a backend:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -39,6 +41,23 @@ class OperatorRequest(BaseModel):
     outcome: dict[str, Any] | None = None  # what the owner reports: {"message": ..., ...}
     created_at: int = 0  # ms since the epoch
     finished_at: int | None = None
+
+
+# The columns of the `operator_requests` table of both SQL backends, in the order `request_from_row` reads.
+REQUEST_COLUMNS = "id, kind, args, status, outcome, created_at, finished_at"
+
+
+def request_from_row(row: Sequence[Any]) -> OperatorRequest:
+    """A request from its row (`REQUEST_COLUMNS`; arguments and outcome as JSON text)."""
+    return OperatorRequest(
+        id=row[0],
+        kind=row[1],
+        args=json.loads(row[2]),
+        status=row[3],
+        outcome=json.loads(row[4]) if row[4] is not None else None,
+        created_at=row[5],
+        finished_at=row[6],
+    )
 
 
 @runtime_checkable

@@ -17,12 +17,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from harness_core.errors import (
     LeaseLost,
@@ -30,22 +29,17 @@ from harness_core.errors import (
     StorageCorrupt,
     StorageError,
     StorageRequestError,
-    StrictJsonError,
 )
 from harness_core.records import (
     Conversation,
     DocScope,
-    DocumentContent,
     DocumentRecord,
     DocumentValue,
     Entry,
-    Page,
     Submission,
-    SubmissionStatus,
     Task,
 )
-from harness_core.storage._common import check_cursor, make_cursor, materialize
-from harness_core.storage._operator import OperatorRequest
+from harness_core.storage._operator import OperatorRequest, request_from_row
 from harness_core.storage._postgres_lease import (
     FENCE,
     RELEASED_CHANNEL,
@@ -62,12 +56,13 @@ from harness_core.storage._postgres_requests import (
     PUT,
     SETTLE,
     changed,
-    request_of,
     to_text,
 )
 from harness_core.storage._postgres_requests import GET as GET_REQUEST
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
-from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
+from harness_core.storage._protocol import CommitBatch, StorageMeta
+from harness_core.storage._sql_plan import CommitPlan, plan_or_refuse
+from harness_core.storage._sql_reads import MAX_SEQ, SqlRecordReads, wants_contents
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", Conversation, Entry, Task, Submission)
@@ -75,32 +70,32 @@ T = TypeVar("T")
 
 log = logging.getLogger("harness_core.storage")
 
-_MAX_SEQ = 2**63 - 1
 _PARTITION = 0  # one partition for the whole store until the many-workers change
-_ID_BLOCK = 4096
-_SEQ_BLOCK = 1024
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
+# The rows of a commit (see `_sql_plan`) carry no partition: the statements write it.
 _INSERT_CONVERSATION = (
-    "INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, $2, $3, $4)"
+    f"INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, {_PARTITION}, $2, $3)"
 )
 _INSERT_ENTRY = (
-    "INSERT INTO entries (id, partition, conversation_id, head, record) VALUES ($1, $2, $3, $4, $5)"
+    "INSERT INTO entries (id, partition, conversation_id, head, record) "
+    f"VALUES ($1, {_PARTITION}, $2, $3, $4)"
 )
 _UPSERT_TASK = (
-    "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) VALUES ($1, $2, $3, $4, $5, $6) "
+    "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) "
+    f"VALUES ($1, {_PARTITION}, $2, $3, $4, $5) "
     "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
     "live = excluded.live, record = excluded.record"
 )
 # ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
 _UPSERT_SUBMISSION = (
     "INSERT INTO submissions (id, partition, conversation_id, request_id, status, record) "
-    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, "
+    f"VALUES ($1, {_PARTITION}, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, "
     "request_id = excluded.request_id, status = excluded.status, record = excluded.record"
 )
 _INSERT_DOC = (
     "INSERT INTO doc_records (id, partition, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, "
-    "record) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+    f"record) VALUES ($1, {_PARTITION}, $2, $3, $4, $5, $6, $7, $8, $9)"
 )
 _INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES ($1, $2, $3, $4, $5)"
 # A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
@@ -148,88 +143,25 @@ def _json(record: BaseModel) -> bytes:
     return record.model_dump_json(exclude_none=True).encode("utf-8")
 
 
-@dataclass
-class _Plan:
-    """A commit serialized before any I/O, so a serialization failure leaves the store untouched."""
-
-    conversations: list[tuple[Any, ...]] = field(default_factory=list)
-    entries: list[tuple[Any, ...]] = field(default_factory=list)
-    tasks: list[tuple[Any, ...]] = field(default_factory=list)
-    submissions: list[tuple[Any, ...]] = field(default_factory=list)
-    docs: list[tuple[Any, ...]] = field(default_factory=list)
-    contents: list[tuple[Any, ...]] = field(default_factory=list)
-    bases: list[tuple[Any, ...]] = field(default_factory=list)
-    retire_seqs: list[int] = field(default_factory=list)
-    retire_ids: list[int] = field(default_factory=list)
-    next_id: int = 0
-    last_seq: int = 0
-    reserve: tuple[int, int] | None = None
-
-    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
-        return [
-            (_INSERT_CONVERSATION, self.conversations),
-            (_INSERT_ENTRY, self.entries),
-            (_UPSERT_TASK, self.tasks),
-            (_UPSERT_SUBMISSION, self.submissions),
-            (_INSERT_DOC, self.docs),
-            (_INSERT_CONTENT, self.contents),
-            (_RECLAIM_BEFORE_BASE, self.bases),
-        ]
+_STATEMENTS = (
+    _INSERT_CONVERSATION,
+    _INSERT_ENTRY,
+    _UPSERT_TASK,
+    _UPSERT_SUBMISSION,
+    _INSERT_DOC,
+    _INSERT_CONTENT,
+    _RECLAIM_BEFORE_BASE,
+)
 
 
-def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
-    plan = _Plan(next_id=next_id)
-    parts: dict[tuple[int, int], int] = {}
-    p = _PARTITION
-
-    def part(doc_id: int, seq: int) -> int:
-        n = parts[doc_id, seq] = parts.get((doc_id, seq), -1) + 1
-        return n
-
-    for batch in batches:
-        for conv in batch.conversations:
-            plan.conversations.append((conv.id, p, conv.owner_task_id, _json(conv)))
-        for e in batch.entries:
-            plan.entries.append((e.id, p, e.conversation_id, e.head, _json(e)))
-        for t in batch.tasks:
-            plan.tasks.append((t.id, p, t.conversation_id, t.kind, t.live, _json(t)))
-        for s in batch.submissions:
-            plan.submissions.append((s.id, p, s.conversation_id, s.request_id, s.status, _json(s)))
-        for create in batch.doc_creates:
-            r = create.record
-            rewindable = r.scope == "conversation" and r.history == "rewindable"
-            plan.docs.append(
-                (
-                    r.id,
-                    p,
-                    r.kind,
-                    r.scope,
-                    r.scope_id,
-                    r.key,
-                    rewindable,
-                    r.created_seq,
-                    r.retired_seq,
-                    _json(r),
-                )
-            )
-            content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
-            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), True, _json(content)))
-        for change in batch.doc_changes:
-            rev = change.content
-            n = part(change.id, rev.seq)
-            plan.contents.append((change.id, rev.seq, n, rev.is_base, _json(rev)))
-            if rev.is_base:
-                plan.bases.append((change.id, rev.seq, n))
-        for doc_id in batch.doc_retires:
-            plan.retire_seqs.append(batch.seq)
-            plan.retire_ids.append(doc_id)
-        plan.next_id = max(plan.next_id, batch.next_id)
-        plan.last_seq = batch.seq
-    return plan
-
-
-class PostgresStorage:
+class PostgresStorage(SqlRecordReads):
     """A PostgreSQL database. Open with `await PostgresStorage.open(dsn)`; one lease holder writes at a time."""
+
+    _numbered = True
+    _LATEST_HEAD = (
+        "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
+        "ORDER BY id DESC LIMIT 1"
+    )
 
     def __init__(
         self,
@@ -361,14 +293,7 @@ class PostgresStorage:
         if not batches:
             return
         self._lease.check()
-        try:  # serialize before any I/O: a value that cannot be serialized is a certain refusal, not a failure
-            plan = _plan(batches, self._next_id)
-        except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
-            raise StrictJsonError(
-                f"storage {self._description} refused a commit before writing it: {exc}"
-            ) from exc
-        if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
-            plan.reserve = (plan.next_id + _ID_BLOCK, plan.last_seq + _SEQ_BLOCK)
+        plan = plan_or_refuse(batches, self._next_id, self._reserved, _json, self._description)
         try:
             await self._write(self._writer, self._lease, plan)
         except asyncio.CancelledError:
@@ -391,7 +316,7 @@ class PostgresStorage:
         if plan.reserve is not None:
             self._reserved = plan.reserve
 
-    async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: _Plan) -> None:
+    async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: CommitPlan) -> None:
         async with conn.transaction():
             epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
             if epoch != lease.epoch:
@@ -403,14 +328,15 @@ class PostgresStorage:
                 )
                 lease.mark_lost(reason)
                 raise LeaseLost(reason)
-            for sql, rows in plan.statements():
+            for sql, rows in plan.statements(_STATEMENTS):
                 if rows:
                     await conn.executemany(sql, rows)
-            if plan.retire_ids:
-                status = await conn.execute(_RETIRE, plan.retire_seqs, plan.retire_ids)
-                if int(status.split()[-1]) != len(set(plan.retire_ids)):
-                    raise StorageError(f"commit retires an unknown document (ids {plan.retire_ids})")
-                await conn.execute(_RECLAIM_RETIRED, plan.retire_ids)
+            if plan.retires:
+                retire_ids = [doc_id for _, doc_id in plan.retires]
+                status = await conn.execute(_RETIRE, [seq for seq, _ in plan.retires], retire_ids)
+                if int(status.split()[-1]) != len(set(retire_ids)):
+                    raise StorageError(f"commit retires an unknown document (ids {retire_ids})")
+                await conn.execute(_RECLAIM_RETIRED, retire_ids)
             if plan.reserve is not None:
                 await conn.execute(_UPDATE_META, _PARTITION, *plan.reserve)
 
@@ -425,7 +351,7 @@ class PostgresStorage:
 
     # --- reads --------------------------------------------------------------------------------------------
 
-    async def _fetch(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
+    async def _rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
         self._check()
         try:
             async with self._pool.acquire() as conn:
@@ -433,144 +359,10 @@ class PostgresStorage:
         except _DRIVER_ERRORS as exc:
             raise StorageError(f"storage {self._description}: {action} failed: {exc}") from exc
 
-    def _parse(self, model: type[M], raw: bytes, what: str) -> M:
-        try:
-            return model.model_validate_json(raw)
-        except ValidationError as exc:
-            raise StorageCorrupt(f"storage {self._description} holds an unreadable {what}: {exc}") from exc
-
-    async def _one(self, model: type[M], table: str, record_id: int) -> M | None:
-        rows = await self._fetch(f"SELECT record FROM {table} WHERE id = $1", (record_id,), f"read {table}")
-        return None if not rows else self._parse(model, rows[0][0], f"{table} row {record_id}")
-
-    async def _scan(
-        self,
-        model: type[R],
-        table: str,
-        scan: str,
-        filters: list[tuple[str, Any]],
-        order: Order,
-        limit: int,
-        cursor: dict[str, Any] | None,
-    ) -> Page[R]:
-        order, after = check_cursor(cursor, order, scan)
-        params: list[Any] = []
-        clauses: list[str] = []
-        for clause, value in filters:
-            params.append(value)
-            clauses.append(clause.replace("?", f"${len(params)}"))
-        if after is not None:
-            params.append(after)
-            clauses.append(f"id > ${len(params)}" if order == "asc" else f"id < ${len(params)}")
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        direction = "ASC" if order == "asc" else "DESC"
-        limit = max(limit, 0)
-        params.append(limit + 1)  # one extra row says whether there is a next page
-        sql = f"SELECT record FROM {table}{where} ORDER BY id {direction} LIMIT ${len(params)}"
-        rows = await self._fetch(sql, params, f"scan {table}")
-        items = [self._parse(model, row[0], f"{table} row") for row in rows[:limit]]
-        more = len(rows) > limit
-        return Page(items=items, cursor=make_cursor(scan, order, items[-1].id) if more and items else None)
-
-    async def conversation(self, conversation_id: int) -> Conversation | None:
-        return await self._one(Conversation, "conversations", conversation_id)
-
-    async def scan_conversations(
-        self,
-        *,
-        owner_task_id: int | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Conversation]:
-        filters = [] if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
-        return await self._scan(Conversation, "conversations", "conversations", filters, order, limit, cursor)
-
-    async def entry(self, entry_id: int) -> Entry | None:
-        return await self._one(Entry, "entries", entry_id)
-
-    async def scan_entries(
-        self,
-        conversation_id: int,
-        *,
-        min_id: int | None = None,
-        max_id: int | None = None,
-        order: Order = "desc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Entry]:
-        filters: list[tuple[str, Any]] = [("conversation_id = ?", conversation_id)]
-        if min_id is not None:
-            filters.append(("id >= ?", min_id))
-        if max_id is not None:
-            filters.append(("id <= ?", max_id))
-        return await self._scan(Entry, "entries", f"entries:{conversation_id}", filters, order, limit, cursor)
-
-    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
-        rows = await self._fetch(
-            "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
-            "ORDER BY id DESC LIMIT 1",
-            (conversation_id, _MAX_SEQ if at_or_before is None else at_or_before),
-            "read head marker",
-        )
-        return None if not rows else self._parse(Entry, rows[0][0], "entries row")
-
-    async def task(self, task_id: int) -> Task | None:
-        return await self._one(Task, "tasks", task_id)
-
-    async def scan_tasks(
-        self,
-        *,
-        live: bool | None = None,
-        conversation_id: int | None = None,
-        kind: str | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Task]:
-        filters: list[tuple[str, Any]] = []
-        if live is not None:
-            filters.append(("live = ?", live))
-        if conversation_id is not None:
-            filters.append(("conversation_id = ?", conversation_id))
-        if kind is not None:
-            filters.append(("kind = ?", kind))
-        return await self._scan(Task, "tasks", "tasks", filters, order, limit, cursor)
-
-    async def submission(self, submission_id: int) -> Submission | None:
-        return await self._one(Submission, "submissions", submission_id)
-
-    async def submission_by_request(self, conversation_id: int, request_id: str) -> Submission | None:
-        rows = await self._fetch(
-            "SELECT record FROM submissions WHERE conversation_id = $1 AND request_id = $2",
-            (conversation_id, request_id),
-            "read submission",
-        )
-        return None if not rows else self._parse(Submission, rows[0][0], "submissions row")
-
-    async def scan_submissions(
-        self,
-        *,
-        conversation_id: int | None = None,
-        status: SubmissionStatus | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Submission]:
-        filters: list[tuple[str, Any]] = []
-        if conversation_id is not None:
-            filters.append(("conversation_id = ?", conversation_id))
-        if status is not None:
-            filters.append(("status = ?", status))
-        return await self._scan(Submission, "submissions", "submissions", filters, order, limit, cursor)
+    async def _scan_rows(self, sql: str, params: Sequence[Any], action: str) -> list[Any]:
+        return await self._rows(sql, params, action)  # reads already use the pool, beside the writer
 
     # --- documents ----------------------------------------------------------------------------------------
-
-    def _doc_record(self, raw: bytes, retired_seq: int | None) -> DocumentRecord:
-        # The retired_seq column is authoritative: retiring updates one column instead of the JSON.
-        record = self._parse(DocumentRecord, raw, "document record")
-        record.retired_seq = retired_seq
-        return record
 
     async def find_document(
         self,
@@ -596,7 +388,7 @@ class PostgresStorage:
             params.append(at_seq)
             n = len(params)
             sql += f" AND created_seq <= ${n} AND (retired_seq IS NULL OR retired_seq > ${n})"
-        rows = await self._fetch(sql + " ORDER BY id DESC LIMIT 1", params, "find document")
+        rows = await self._rows(sql + " ORDER BY id DESC LIMIT 1", params, "find document")
         return None if not rows else self._doc_record(rows[0][1], rows[0][0])
 
     async def document(self, doc_id: int, *, at_seq: int | None = None) -> DocumentValue | None:
@@ -611,37 +403,14 @@ class PostgresStorage:
                     doc_id,
                 )
                 content_rows: list[Any] = []
-                if row is not None:
-                    rewindable, created, retired = row[0], row[1], row[2]
-                    if at_seq is None:
-                        wanted = retired is None
-                    else:
-                        wanted = rewindable and created <= at_seq and (retired is None or at_seq < retired)
-                    if wanted:
-                        upto = _MAX_SEQ if at_seq is None else at_seq
-                        found = await conn.fetchrow(_NEWEST_BASE, doc_id, upto)
-                        seq, part = (found[0], found[1]) if found is not None else (0, 0)
-                        content_rows = list(await conn.fetch(_CONTENTS_FROM, doc_id, seq, part, upto))
+                if row is not None and wants_contents(row[0], row[1], row[2], at_seq):
+                    upto = MAX_SEQ if at_seq is None else at_seq
+                    found = await conn.fetchrow(_NEWEST_BASE, doc_id, upto)
+                    seq, part = (found[0], found[1]) if found is not None else (0, 0)
+                    content_rows = list(await conn.fetch(_CONTENTS_FROM, doc_id, seq, part, upto))
         except _DRIVER_ERRORS as exc:
             raise StorageError(f"storage {self._description}: read document failed: {exc}") from exc
-        if row is None:
-            return None
-        rewindable, _, retired, raw, kind = row
-        if at_seq is not None and not rewindable:
-            raise StorageRequestError(f"document {doc_id} ({kind}) keeps no history; read it without at_seq")
-        record = self._doc_record(raw, retired)
-        if (retired is not None) if at_seq is None else not record.alive_at(at_seq):
-            return None
-        contents = [self._parse(DocumentContent, r[0], f"content of document {doc_id}") for r in content_rows]
-        return materialize(record, contents, at_seq)
-
-    async def document_contents(self, doc_id: int) -> list[DocumentContent]:
-        rows = await self._fetch(
-            "SELECT content FROM doc_contents WHERE doc_id = $1 ORDER BY seq, part",
-            (doc_id,),
-            "read document contents",
-        )
-        return [self._parse(DocumentContent, r[0], f"content of document {doc_id}") for r in rows]
+        return self._document_value(doc_id, row, content_rows, at_seq)
 
     async def scan_documents(
         self,
@@ -663,7 +432,7 @@ class PostgresStorage:
             sql += f" AND kind = ${len(params)}"
         if alive_only:
             sql += " AND retired_seq IS NULL"
-        rows = await self._fetch(sql + " ORDER BY id", params, "scan documents")
+        rows = await self._rows(sql + " ORDER BY id", params, "scan documents")
         return [self._doc_record(raw, retired) for retired, raw in rows]
 
     # --- operator requests (harness_core.storage.OperatorRequests; see _postgres_requests) ---------------
@@ -695,7 +464,7 @@ class PostgresStorage:
         row = await self._request_call(
             "read an operator request", lambda conn: conn.fetchrow(GET_REQUEST, request_id)
         )
-        return request_of(row) if row is not None else None
+        return request_from_row(row) if row is not None else None
 
     async def withdraw_operator_request(self, request_id: int) -> bool:
         status = await self._request_call(
@@ -709,7 +478,7 @@ class PostgresStorage:
         rows = await self._request_call(
             "read operator requests", lambda conn: conn.fetch(PENDING, _PARTITION, limit)
         )
-        return [request_of(row) for row in rows]
+        return [request_from_row(row) for row in rows]
 
     async def finish_operator_request(
         self, request_id: int, status: Literal["done", "failed"], outcome: dict[str, Any]

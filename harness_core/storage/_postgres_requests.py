@@ -16,20 +16,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
-
-from harness_core.storage._operator import OperatorRequest
+from harness_core.storage._operator import REQUEST_COLUMNS
 
 _NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-_COLUMNS = "id, kind, args, status, outcome, created_at, finished_at"
 
 PUT = (
     "INSERT INTO operator_requests (partition, kind, args, status, created_at) "
     f"VALUES ($1, $2, $3, 'pending', {_NOW_MS}) RETURNING id"
 )
-GET = f"SELECT {_COLUMNS} FROM operator_requests WHERE id = $1"
+GET = f"SELECT {REQUEST_COLUMNS} FROM operator_requests WHERE id = $1"
 PENDING = (
-    f"SELECT {_COLUMNS} FROM operator_requests WHERE partition = $1 AND status IN ('pending', 'taken') "
+    f"SELECT {REQUEST_COLUMNS} FROM operator_requests WHERE partition = $1 AND status IN ('pending', 'taken') "
     "ORDER BY id LIMIT $2"
 )
 SETTLE = (  # withdraw: only a request nobody took
@@ -41,18 +38,6 @@ FINISH = (
     f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "
     "WHERE id = $1 AND status IN ('pending', 'taken')"
 )
-
-
-def request_of(row: asyncpg.Record) -> OperatorRequest:
-    return OperatorRequest(
-        id=row[0],
-        kind=row[1],
-        args=json.loads(row[2]),
-        status=row[3],
-        outcome=json.loads(row[4]) if row[4] is not None else None,
-        created_at=row[5],
-        finished_at=row[6],
-    )
 
 
 def to_text(value: dict[str, Any]) -> str:

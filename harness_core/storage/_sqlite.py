@@ -17,36 +17,32 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
 import aiosqlite
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from harness_core.errors import (
     StorageClosed,
     StorageCorrupt,
     StorageError,
     StorageRequestError,
-    StrictJsonError,
 )
 from harness_core.records import (
     Conversation,
     DocScope,
-    DocumentContent,
     DocumentRecord,
     DocumentValue,
     Entry,
-    Page,
     Submission,
-    SubmissionStatus,
     Task,
 )
-from harness_core.storage._common import check_cursor, make_cursor, materialize
 from harness_core.storage._lock import OwnerLock
-from harness_core.storage._operator import OperatorRequest
-from harness_core.storage._protocol import CommitBatch, Order, StorageMeta
+from harness_core.storage._operator import REQUEST_COLUMNS, OperatorRequest, request_from_row
+from harness_core.storage._protocol import CommitBatch, StorageMeta
+from harness_core.storage._sql_plan import CommitPlan, plan_or_refuse
+from harness_core.storage._sql_reads import MAX_SEQ, SqlRecordReads, wants_contents
 from harness_core.storage._sqlite_schema import SCHEMA_VERSION, migrate
 
 Durability = Literal["normal", "full"]
@@ -54,7 +50,6 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", Conversation, Entry, Task, Submission)
 
-_MAX_SEQ = 2**63 - 1
 
 # Statements of one commit, in the order the memory backend applies a batch.
 _INSERT_CONVERSATION = "INSERT INTO conversations (id, owner_task_id, record) VALUES (?, ?, ?)"
@@ -90,8 +85,6 @@ _RECLAIM_RETIRED = (
 # reservation is all that is known), a positive one is the exact value written by a graceful close.
 _UPDATE_META = "UPDATE meta SET next_id = -max(abs(next_id), ?), last_seq = max(last_seq, ?) WHERE id = 1"
 _SET_META = "UPDATE meta SET next_id = ?, last_seq = ? WHERE id = 1"
-_ID_BLOCK = 4096
-_SEQ_BLOCK = 1024
 # A commit writes a handful of pages; SQLite's own checkpoint (every 1000 pages) would land inside about one
 # commit in 200 and make it several times slower. We checkpoint after this many commits on the reader thread
 # instead, and leave SQLite's on the writer only as a backstop (in pages) should ours fall behind.
@@ -127,33 +120,15 @@ def _content_tail(conn: sqlite3.Connection, doc_id: int, upto: int) -> list[Any]
     return conn.execute(_CONTENTS_FROM, (doc_id, seq, part, upto)).fetchall()
 
 
-@dataclass
-class _Plan:
-    """A commit serialized before any I/O, so a serialization failure leaves the store untouched."""
-
-    conversations: list[tuple[Any, ...]] = field(default_factory=list)
-    entries: list[tuple[Any, ...]] = field(default_factory=list)
-    tasks: list[tuple[Any, ...]] = field(default_factory=list)
-    submissions: list[tuple[Any, ...]] = field(default_factory=list)
-    docs: list[tuple[Any, ...]] = field(default_factory=list)
-    contents: list[tuple[Any, ...]] = field(default_factory=list)
-    bases: list[tuple[Any, ...]] = field(default_factory=list)
-    retires: list[tuple[Any, ...]] = field(default_factory=list)
-    retired: list[tuple[Any, ...]] = field(default_factory=list)
-    next_id: int = 0
-    last_seq: int = 0
-    reserve: tuple[int, int] | None = None  # a new (next_id, last_seq) reservation to write into meta
-
-    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
-        return [
-            (_INSERT_CONVERSATION, self.conversations),
-            (_INSERT_ENTRY, self.entries),
-            (_UPSERT_TASK, self.tasks),
-            (_UPSERT_SUBMISSION, self.submissions),
-            (_INSERT_DOC, self.docs),
-            (_INSERT_CONTENT, self.contents),
-            (_RECLAIM_BEFORE_BASE, self.bases),
-        ]
+_STATEMENTS = (
+    _INSERT_CONVERSATION,
+    _INSERT_ENTRY,
+    _UPSERT_TASK,
+    _UPSERT_SUBMISSION,
+    _INSERT_DOC,
+    _INSERT_CONTENT,
+    _RECLAIM_BEFORE_BASE,
+)
 
 
 def _json(record: BaseModel) -> str:
@@ -162,78 +137,19 @@ def _json(record: BaseModel) -> str:
     return record.model_dump_json(exclude_none=True)
 
 
-def _plan(batches: Sequence[CommitBatch], next_id: int) -> _Plan:
-    plan = _Plan(next_id=next_id)
-    parts: dict[tuple[int, int], int] = {}  # revisions so far per (document, seq)
-
-    def part(doc_id: int, seq: int) -> int:
-        n = parts[doc_id, seq] = parts.get((doc_id, seq), -1) + 1
-        return n
-
-    for batch in batches:
-        for conv in batch.conversations:
-            plan.conversations.append((conv.id, conv.owner_task_id, _json(conv)))
-        for e in batch.entries:
-            plan.entries.append((e.id, e.conversation_id, e.head, _json(e)))
-        for t in batch.tasks:
-            plan.tasks.append((t.id, t.conversation_id, t.kind, int(t.live), _json(t)))
-        for s in batch.submissions:
-            plan.submissions.append((s.id, s.conversation_id, s.request_id, s.status, _json(s)))
-        for create in batch.doc_creates:
-            r = create.record
-            rewindable = int(r.scope == "conversation" and r.history == "rewindable")
-            plan.docs.append(
-                (
-                    r.id,
-                    r.kind,
-                    r.scope,
-                    r.scope_id,
-                    r.key,
-                    rewindable,
-                    r.created_seq,
-                    r.retired_seq,
-                    _json(r),
-                )
-            )
-            content = DocumentContent(seq=batch.seq, version=create.version, base=create.value)
-            plan.contents.append((r.id, batch.seq, part(r.id, batch.seq), 1, _json(content)))
-        for change in batch.doc_changes:
-            rev = change.content
-            n = part(change.id, rev.seq)
-            plan.contents.append((change.id, rev.seq, n, int(rev.is_base), _json(rev)))
-            if rev.is_base:
-                plan.bases.append((change.id, rev.seq, n))
-        for doc_id in batch.doc_retires:
-            plan.retires.append((batch.seq, doc_id))
-            plan.retired.append((doc_id,))
-        plan.next_id = max(plan.next_id, batch.next_id)
-        plan.last_seq = batch.seq
-    return plan
-
-
-def _plan_or_refuse(batches: Sequence[CommitBatch], next_id: int, path: str) -> _Plan:
-    """Serialize before any I/O. A value that cannot be serialized (the harness checks values first, so only a
-    caller of the storage itself gets here) refuses the commit with `StrictJsonError`: nothing was written, so
-    the outcome is certain, unlike a failure of the write."""
-    try:
-        return _plan(batches, next_id)
-    except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
-        raise StrictJsonError(f"storage {path} refused a commit before writing it: {exc}") from exc
-
-
-def _write(conn: sqlite3.Connection, plan: _Plan) -> None:
+def _write(conn: sqlite3.Connection, plan: CommitPlan) -> None:
     """Runs on the connection thread: the whole group of batches in one transaction."""
     # IMMEDIATE takes the write lock up front, so a competing writer fails here and not half way through.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for sql, rows in plan.statements():
+        for sql, rows in plan.statements(_STATEMENTS):
             if rows:
                 conn.executemany(sql, rows)
         if plan.retires:
             changed = conn.executemany(_RETIRE, plan.retires).rowcount
             if changed != len(plan.retires):
                 raise StorageError(f"commit retires an unknown document (ids {[r[1] for r in plan.retires]})")
-            conn.executemany(_RECLAIM_RETIRED, plan.retired)
+            conn.executemany(_RECLAIM_RETIRED, [(doc_id,) for _, doc_id in plan.retires])
         if plan.reserve is not None:
             conn.execute(_UPDATE_META, plan.reserve)
         conn.execute("COMMIT")
@@ -341,19 +257,6 @@ _REQUESTS_TABLE = (
     "CREATE TABLE IF NOT EXISTS operator_requests (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
     "args TEXT NOT NULL, status TEXT NOT NULL, outcome TEXT, created_at INTEGER NOT NULL, finished_at INTEGER)"
 )
-_REQUEST_COLUMNS = "id, kind, args, status, outcome, created_at, finished_at"
-
-
-def _request_of(row: Sequence[Any]) -> OperatorRequest:
-    return OperatorRequest(
-        id=row[0],
-        kind=row[1],
-        args=json.loads(row[2]),
-        status=row[3],
-        outcome=json.loads(row[4]) if row[4] is not None else None,
-        created_at=row[5],
-        finished_at=row[6],
-    )
 
 
 def _has_requests(conn: sqlite3.Connection) -> bool:
@@ -381,20 +284,20 @@ def _get_request(conn: sqlite3.Connection, request_id: int) -> OperatorRequest |
     if not _has_requests(conn):
         return None
     row = conn.execute(
-        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE id = ?", (request_id,)
+        f"SELECT {REQUEST_COLUMNS} FROM operator_requests WHERE id = ?", (request_id,)
     ).fetchone()
-    return None if row is None else _request_of(row)
+    return None if row is None else request_from_row(row)
 
 
 def _pending_requests(conn: sqlite3.Connection, limit: int) -> list[OperatorRequest]:
     if not _has_requests(conn):
         return []
     rows = conn.execute(
-        f"SELECT {_REQUEST_COLUMNS} FROM operator_requests WHERE status IN ('pending', 'taken') "
+        f"SELECT {REQUEST_COLUMNS} FROM operator_requests WHERE status IN ('pending', 'taken') "
         "ORDER BY id LIMIT ?",
         (limit,),
     ).fetchall()
-    return [_request_of(row) for row in rows]
+    return [request_from_row(row) for row in rows]
 
 
 def _settle_request(
@@ -533,15 +436,16 @@ def _create(file: Path) -> None:
         os.close(directory)
 
 
-def _parse(model: type[M], text: str, path: str, what: str) -> M:
-    try:
-        return model.model_validate_json(text)
-    except ValidationError as exc:
-        raise StorageCorrupt(f"storage {path} holds an unreadable {what}: {exc}") from exc
-
-
-class SqliteStorage:
+class SqliteStorage(SqlRecordReads):
     """A SQLite file. Open with `await SqliteStorage.open(path)`; one process owns it at a time."""
+
+    _numbered = False
+    # INDEXED BY: without statistics the planner may pick the full conversation index and walk every entry of
+    # the conversation.
+    _LATEST_HEAD = (
+        "SELECT record FROM entries INDEXED BY entries_heads "
+        "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1"
+    )
 
     def __init__(
         self,
@@ -722,9 +626,7 @@ class SqliteStorage:
             last = batch.seq
         if not batches:
             return
-        plan = _plan_or_refuse(batches, self._next_id, self._path)
-        if plan.next_id > self._reserved[0] or plan.last_seq > self._reserved[1]:
-            plan.reserve = (plan.next_id + _ID_BLOCK, plan.last_seq + _SEQ_BLOCK)
+        plan = plan_or_refuse(batches, self._next_id, self._reserved, _json, self._path)
         try:
             await self._run(lambda conn: _write(conn, plan), "commit")
         except asyncio.CancelledError:
@@ -761,140 +663,7 @@ class SqliteStorage:
         self._next_id, self._last_seq = abs(int(rows[0][0])), int(rows[0][1])
         self._reserved = (self._next_id, self._last_seq)
 
-    # --- records ------------------------------------------------------------------------------------------
-
-    async def _one(self, model: type[M], table: str, record_id: int) -> M | None:
-        rows = await self._rows(f"SELECT record FROM {table} WHERE id = ?", (record_id,), f"read {table}")
-        return None if not rows else _parse(model, rows[0][0], self._path, f"{table} row {record_id}")
-
-    async def _scan(
-        self,
-        model: type[R],
-        table: str,
-        scan: str,
-        filters: list[tuple[str, Any]],
-        order: Order,
-        limit: int,
-        cursor: dict[str, Any] | None,
-    ) -> Page[R]:
-        order, after = check_cursor(cursor, order, scan)
-        clauses = [clause for clause, _ in filters]
-        params = [value for _, value in filters]
-        if after is not None:
-            clauses.append("id > ?" if order == "asc" else "id < ?")
-            params.append(after)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        direction = "ASC" if order == "asc" else "DESC"
-        limit = max(limit, 0)
-        params.append(limit + 1)  # one extra row says whether there is a next page
-        sql = f"SELECT record FROM {table}{where} ORDER BY id {direction} LIMIT ?"
-        rows = await self._scan_rows(sql, params, f"scan {table}")
-        items = [_parse(model, row[0], self._path, f"{table} row") for row in rows[:limit]]
-        more = len(rows) > limit
-        return Page(items=items, cursor=make_cursor(scan, order, items[-1].id) if more and items else None)
-
-    async def conversation(self, conversation_id: int) -> Conversation | None:
-        return await self._one(Conversation, "conversations", conversation_id)
-
-    async def scan_conversations(
-        self,
-        *,
-        owner_task_id: int | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Conversation]:
-        filters = [] if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
-        return await self._scan(Conversation, "conversations", "conversations", filters, order, limit, cursor)
-
-    async def entry(self, entry_id: int) -> Entry | None:
-        return await self._one(Entry, "entries", entry_id)
-
-    async def scan_entries(
-        self,
-        conversation_id: int,
-        *,
-        min_id: int | None = None,
-        max_id: int | None = None,
-        order: Order = "desc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Entry]:
-        filters: list[tuple[str, Any]] = [("conversation_id = ?", conversation_id)]
-        if min_id is not None:
-            filters.append(("id >= ?", min_id))
-        if max_id is not None:
-            filters.append(("id <= ?", max_id))
-        scan = f"entries:{conversation_id}"
-        return await self._scan(Entry, "entries", scan, filters, order, limit, cursor)
-
-    async def latest_head(self, conversation_id: int, *, at_or_before: int | None = None) -> Entry | None:
-        # INDEXED BY: without statistics the planner may pick the full conversation index and walk every
-        # entry of the conversation.
-        rows = await self._rows(
-            "SELECT record FROM entries INDEXED BY entries_heads "
-            "WHERE conversation_id = ? AND head IS NOT NULL AND id <= ? ORDER BY id DESC LIMIT 1",
-            (conversation_id, _MAX_SEQ if at_or_before is None else at_or_before),
-            "read head marker",
-        )
-        return None if not rows else _parse(Entry, rows[0][0], self._path, "entries row")
-
-    async def task(self, task_id: int) -> Task | None:
-        return await self._one(Task, "tasks", task_id)
-
-    async def scan_tasks(
-        self,
-        *,
-        live: bool | None = None,
-        conversation_id: int | None = None,
-        kind: str | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Task]:
-        filters: list[tuple[str, Any]] = []
-        if live is not None:
-            filters.append(("live = ?", int(live)))
-        if conversation_id is not None:
-            filters.append(("conversation_id = ?", conversation_id))
-        if kind is not None:
-            filters.append(("kind = ?", kind))
-        return await self._scan(Task, "tasks", "tasks", filters, order, limit, cursor)
-
-    async def submission(self, submission_id: int) -> Submission | None:
-        return await self._one(Submission, "submissions", submission_id)
-
-    async def submission_by_request(self, conversation_id: int, request_id: str) -> Submission | None:
-        rows = await self._rows(
-            "SELECT record FROM submissions WHERE conversation_id = ? AND request_id = ?",
-            (conversation_id, request_id),
-            "read submission",
-        )
-        return None if not rows else _parse(Submission, rows[0][0], self._path, "submissions row")
-
-    async def scan_submissions(
-        self,
-        *,
-        conversation_id: int | None = None,
-        status: SubmissionStatus | None = None,
-        order: Order = "asc",
-        limit: int = 100,
-        cursor: dict[str, Any] | None = None,
-    ) -> Page[Submission]:
-        filters: list[tuple[str, Any]] = []
-        if conversation_id is not None:
-            filters.append(("conversation_id = ?", conversation_id))
-        if status is not None:
-            filters.append(("status = ?", status))
-        return await self._scan(Submission, "submissions", "submissions", filters, order, limit, cursor)
-
     # --- documents ----------------------------------------------------------------------------------------
-
-    def _doc_record(self, text: str, retired_seq: int | None) -> DocumentRecord:
-        # The retired_seq column is authoritative: retiring updates one column instead of rewriting the JSON.
-        record = _parse(DocumentRecord, text, self._path, "document record")
-        record.retired_seq = retired_seq
-        return record
 
     async def find_document(
         self,
@@ -924,37 +693,12 @@ class SqliteStorage:
                 "SELECT rewindable, created_seq, retired_seq, record, kind FROM doc_records WHERE id = ?",
                 (doc_id,),
             ).fetchone()
-            if row is None:
-                return None, []
-            rewindable, created, retired, _, _ = row
-            if at_seq is None:
-                wanted = retired is None
-            else:
-                wanted = bool(rewindable) and created <= at_seq and (retired is None or at_seq < retired)
-            upto = _MAX_SEQ if at_seq is None else at_seq
-            return row, _content_tail(conn, doc_id, upto) if wanted else []
+            if row is None or not wants_contents(row[0], row[1], row[2], at_seq):
+                return row, []
+            return row, _content_tail(conn, doc_id, MAX_SEQ if at_seq is None else at_seq)
 
         row, content_rows = await self._run(read, "read document")
-        if row is None:
-            return None
-        rewindable, _, retired, text, kind = row
-        if at_seq is not None and not rewindable:
-            raise StorageRequestError(f"document {doc_id} ({kind}) keeps no history; read it without at_seq")
-        record = self._doc_record(text, retired)
-        if (retired is not None) if at_seq is None else not record.alive_at(at_seq):
-            return None
-        contents = [
-            _parse(DocumentContent, r[0], self._path, f"content of document {doc_id}") for r in content_rows
-        ]
-        return materialize(record, contents, at_seq)
-
-    async def document_contents(self, doc_id: int) -> list[DocumentContent]:
-        rows = await self._rows(
-            "SELECT content FROM doc_contents WHERE doc_id = ? ORDER BY seq, part",
-            (doc_id,),
-            "read document contents",
-        )
-        return [_parse(DocumentContent, r[0], self._path, f"content of document {doc_id}") for r in rows]
+        return self._document_value(doc_id, row, content_rows, at_seq)
 
     async def scan_documents(
         self,

@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,18 @@ import aiohttp
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+
+LAST_LINE = "without running a tool twice."  # the end of the demo's answer: the streamed answer is complete
+SLACK_AND_DISCORD = """
+[adapters.slack]
+mode = "socket"
+edit_interval = 0.05
+
+[adapters.discord]
+edit_interval = 0.05
+guild_ready_timeout = 0.05
+"""
+"""Config tables adding the Slack (Socket Mode) and Discord adapters, quick to edit and to give up on a guild."""
 
 
 def toml_value(value: Any) -> str:
@@ -72,6 +84,14 @@ restart_limit = {restart_limit}
     path = workdir / name
     path.write_text(text)
     return path
+
+
+def write_inbox_config(workdir: Path, message_id: str, text: str, extra: str = "") -> tuple[Path, Path]:
+    """`write_config` with one first message and an inbox file (returned second) the fake chat reads later
+    messages and clicks from."""
+    inbox = workdir / "inbox.jsonl"
+    messages = [{"id": message_id, "text": text}]
+    return write_config(workdir, messages=messages, extra=f'inbox = "{inbox}"\n{extra}'), inbox
 
 
 def shipped_config_in(
@@ -230,6 +250,43 @@ class BotProcess:
         if self.process.returncode is None:
             self.process.kill()
             await self.process.wait()
+
+
+async def park_the_fragile_tool(config: Path, env: dict[str, str], timeout: float = 30) -> None:
+    """Run the bot of `config` (its one message calls the `fragile` crash tool, `restart_limit=1`) until the
+    tool has killed it twice: the next start parks the task."""
+    for _ in range(2):  # the tool kills its process: once, and once more after the one allowed restart
+        crashed = await BotProcess.start(config, env=env)
+        assert await crashed.finish(timeout) == -9, await crashed.stderr()
+
+
+async def retry_the_parked_task(
+    bot: BotProcess, config: Path, env: dict[str, str], timeout: float = 30
+) -> int:
+    """With `bot` running after `park_the_fragile_tool`: repair the tool, `retry` the parked task from the CLI
+    and check that the running bot carried it out. Returns the task id."""
+    parked = await bot.wait_for(lambda line: "parked task(s)" in line, timeout)
+    assert parked is not None, bot.output()
+    task_id = int(parked.split("task(s) (")[1].split(")")[0])
+    (Path(env["BOTS_CRASH_DIR"]) / "repaired").touch()
+    retried = await cli(config, "retry", str(task_id), env=env)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
+    assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
+    assert "result: worked this time" in retried.stdout
+    return task_id
+
+
+async def request_latency_ms(opening: Awaitable[Any], request_id: int) -> int:
+    """How long operator request `request_id` waited for the running bot (ms), read through the read-only
+    storage handle `opening` opens (closed here)."""
+    storage = await opening
+    try:
+        found = await storage.operator_request(request_id)
+    finally:
+        await storage.close()
+    assert found is not None and found.finished_at is not None
+    return int(found.finished_at - found.created_at)
 
 
 def ledger(workdir: Path) -> list[str]:

@@ -27,7 +27,6 @@ ping_interval = 0.5
 [admin]
 listen = "127.0.0.1:0"
 """
-LAST_LINE = "without running a tool twice."
 
 
 @dataclass

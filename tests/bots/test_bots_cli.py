@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from bots_cli_support import BotProcess, bot_env, cli, journal, ledger, write_config
+from bots_cli_support import BotProcess, bot_env, cli, journal, ledger, write_config, write_inbox_config
 
 from harness_core.storage import SqliteStorage
 
@@ -223,12 +223,7 @@ async def test_a_deploy_waiting_for_approval_survives_sigkill_and_runs_once_when
     tmp_path: Path,
 ) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "1", "text": "deploy payments 2.8.0"}],
-        extra=f'inbox = "{inbox}"',
-    )
+    config, inbox = write_inbox_config(tmp_path, "1", "deploy payments 2.8.0")
     bot = await BotProcess.start(config, env=env)
     try:
         gate = await bot.wait_for_fake(lambda r: r["op"] == "approval")

@@ -12,23 +12,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from bots_cli_support import BotProcess, bot_env, shipped_config_in
+from bots_cli_support import LAST_LINE, SLACK_AND_DISCORD, BotProcess, bot_env, shipped_config_in
 
 from adapters.discord.testing import FakeDiscord
 from adapters.slack.testing import FakeSlack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
-ADAPTERS = """
-[adapters.slack]
-mode = "socket"
-edit_interval = 0.05
-
-[adapters.discord]
-edit_interval = 0.05
-guild_ready_timeout = 0.05
-"""
-LAST_LINE = "without running a tool twice."  # the end of the demo's answer: the streamed answer is complete
 FLAGS = ("--adapter", "slack", "--adapter", "discord", "--adapter", "devchat")
 
 
@@ -77,7 +67,7 @@ async def test_lone_surrogates_on_every_platform_are_answered_once_across_a_sigk
         discord_general = discord.add_text_channel(guild, "general")
         bob = discord.add_user("bob", global_name="B\ud83dob")
         discord.add_member(guild, bob)
-        config = shipped_config_in(tmp_path, append=ADAPTERS)
+        config = shipped_config_in(tmp_path, append=SLACK_AND_DISCORD)
         env = bot_env(tmp_path, **slack.env, **discord.env())
 
         bot, url = await start(config, env)

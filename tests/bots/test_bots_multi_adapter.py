@@ -13,23 +13,20 @@ import json
 from pathlib import Path
 
 import pytest
-from bots_cli_support import BotProcess, bot_env, cli, devchat_converse, shipped_config_in
+from bots_cli_support import (
+    LAST_LINE,
+    SLACK_AND_DISCORD,
+    BotProcess,
+    bot_env,
+    cli,
+    devchat_converse,
+    shipped_config_in,
+)
 
 from adapters.discord.testing import FakeDiscord
 from adapters.slack.testing import FakeSlack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
-
-ADAPTERS = """
-[adapters.slack]
-mode = "socket"
-edit_interval = 0.05
-
-[adapters.discord]
-edit_interval = 0.05
-guild_ready_timeout = 0.05
-"""
-LAST_LINE = "without running a tool twice."  # the end of the demo's answer: the streamed answer is complete
 
 
 async def test_slack_discord_and_devchat_in_one_process_each_get_their_answer(tmp_path: Path) -> None:
@@ -41,7 +38,7 @@ async def test_slack_discord_and_devchat_in_one_process_each_get_their_answer(tm
         bob = discord.add_user("bob", global_name="Bob")
         discord.add_member(guild, bob)
 
-        config = shipped_config_in(tmp_path, append=ADAPTERS)
+        config = shipped_config_in(tmp_path, append=SLACK_AND_DISCORD)
         env = bot_env(tmp_path, **slack.env, **discord.env())
         flags = ("--adapter", "slack", "--adapter", "discord", "--adapter", "devchat")
         bot = await BotProcess.start(config, *flags, env=env)

@@ -6,12 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from bots_cli_support import BotProcess, bot_env, cli, free_port, shipped_config_in, write_config
-from slack_ops_support import LAST_LINE, SlackBot, body, sample, slack_bot
+from bots_cli_support import (
+    LAST_LINE,
+    BotProcess,
+    bot_env,
+    cli,
+    free_port,
+    park_the_fragile_tool,
+    request_latency_ms,
+    retry_the_parked_task,
+    shipped_config_in,
+    write_config,
+    write_inbox_config,
+)
+from slack_ops_support import SlackBot, body, sample, slack_bot
 
 from adapters.discord.testing import FakeDiscord
 from adapters.slack.testing import FakeSlack
@@ -131,34 +143,18 @@ def call(tool: str, arguments: dict[str, object], message_id: str) -> dict[str, 
     return {"id": message_id, "text": f"/call {tool} {json.dumps(arguments)}"}
 
 
-async def request_latency_ms(workdir: Path, request_id: int) -> int:
-    storage = await SqliteStorage.open_read_only(workdir / "bot.sqlite")
-    try:
-        found = await storage.operator_request(request_id)
-    finally:
-        await storage.close()
-    assert found is not None and found.finished_at is not None
-    return found.finished_at - found.created_at
+def sqlite_request_latency_ms(workdir: Path, request_id: int) -> Awaitable[int]:
+    return request_latency_ms(SqliteStorage.open_read_only(workdir / "bot.sqlite"), request_id)
 
 
 async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
     config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
-    for _ in range(2):  # the tool kills its process: once, and once more after the one allowed restart
-        crashed = await BotProcess.start(config, env=env)
-        assert await crashed.finish() == -9
+    await park_the_fragile_tool(config, env)
     bot = await BotProcess.start(config, env=env)
     try:
-        parked = await bot.wait_for(lambda line: "parked task(s)" in line)
-        assert parked is not None, bot.output()
-        task_id = int(parked.split("task(s) (")[1].split(")")[0])
-        (tmp_path / "repaired").touch()
-        retried = await cli(config, "retry", str(task_id), env=env)
-        assert retried.returncode == 0, retried.stdout + retried.stderr
-        assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
-        assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
-        assert "result: worked this time" in retried.stdout
-        assert await request_latency_ms(tmp_path, 1) < 1500  # picked up within about a second
+        task_id = await retry_the_parked_task(bot, config, env)
+        assert await sqlite_request_latency_ms(tmp_path, 1) < 1500  # picked up within about a second
         # The bot itself delivers the model's answer to the tool result.
         await bot.wait_for_fake(
             lambda r: r["op"] == "edit" and r["final"] and "worked this time" in r["text"]
@@ -172,12 +168,7 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) ->
 
 async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n',
-    )
+    config, inbox = write_inbox_config(tmp_path, "1", "deploy checkout 1.4.3")
     bot = await BotProcess.start(config, env=env)
     try:
         card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
@@ -187,7 +178,7 @@ async def test_an_operator_denial_and_a_cancel_reach_the_running_bot(tmp_path: P
         denied = await cli(config, "approvals", "decide", str(gate), "deny", "--as", "oncall", env=env)
         assert denied.returncode == 0, denied.stderr
         assert f"gate {gate} denied by oncall (operator override) (by the running bot)" in denied.stdout
-        assert await request_latency_ms(tmp_path, 1) < 1500
+        assert await sqlite_request_latency_ms(tmp_path, 1) < 1500
         await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and "denied" in r["text"].lower())
         twice = await cli(config, "approvals", "decide", str(gate), "approve", "--as", "oncall", env=env)
         assert twice.returncode == 1 and "already denied by oncall (operator override)" in twice.stderr
@@ -264,12 +255,7 @@ async def _true(value: bool) -> bool:
 
 async def test_json_logs_are_one_object_per_line_with_the_ids_in_play(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "m-1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n',
-    )
+    config, inbox = write_inbox_config(tmp_path, "m-1", "deploy checkout 1.4.3")
     bot = await BotProcess.start(config, "--log-format", "json", "--log-level", "INFO", env=env)
     try:
         card = await bot.wait_for_fake(lambda r: r["op"] == "approval")
@@ -361,11 +347,8 @@ async def test_with_no_bot_running_decide_and_cancel_act_on_the_storage_for_the_
     tmp_path: Path,
 ) -> None:
     env = bot_env(tmp_path)
-    inbox = tmp_path / "inbox.jsonl"
-    config = write_config(
-        tmp_path,
-        messages=[{"id": "1", "text": "deploy checkout 1.4.3"}],
-        extra=f'inbox = "{inbox}"\n\n[logging]\nformat = "json"\n',
+    config, inbox = write_inbox_config(
+        tmp_path, "1", "deploy checkout 1.4.3", '\n[logging]\nformat = "json"\n'
     )
 
     async def run_until(predicate: Callable[[dict[str, object]], bool]) -> dict[str, object]:

@@ -5,11 +5,22 @@ lease); retry, cancel and decisions are requests the running leader carries out 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
-from bots_cli_support import BotProcess, bot_env, cli, toml_value, write_config
-from slack_ops_support import LAST_LINE, slack_bot
+from bots_cli_support import (
+    LAST_LINE,
+    BotProcess,
+    bot_env,
+    cli,
+    park_the_fragile_tool,
+    request_latency_ms,
+    retry_the_parked_task,
+    toml_value,
+    write_config,
+)
+from slack_ops_support import slack_bot
 
 from bots.cli import main
 from harness_core.storage import PostgresStorage
@@ -24,14 +35,8 @@ def with_password(pg_url: str) -> str:
     return pg_url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
 
 
-async def request_latency_ms(pg_url: str, request_id: int) -> int:
-    storage = await PostgresStorage.open_read_only(pg_url)
-    try:
-        found = await storage.operator_request(request_id)
-    finally:
-        await storage.close()
-    assert found is not None and found.finished_at is not None
-    return found.finished_at - found.created_at
+def pg_request_latency_ms(pg_url: str, request_id: int) -> Awaitable[int]:
+    return request_latency_ms(PostgresStorage.open_read_only(pg_url), request_id)
 
 
 async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Path, pg_url: str) -> None:
@@ -75,7 +80,7 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
         assert [g["id"] for g in pending] == [gate]
         denied = await run("approvals", "decide", str(gate), "deny", "--as", "oncall")
         assert f"gate {gate} denied by oncall (operator override) (by the running bot)" in denied
-        assert await request_latency_ms(pg_url, 1) < 1500  # picked up within about a second
+        assert await pg_request_latency_ms(pg_url, 1) < 1500  # picked up within about a second
         await s.slack.wait_for(
             lambda: (
                 not any(b.get("type") == "actions" for b in s.slack.message(s.channel, card.ts).blocks or [])
@@ -98,7 +103,7 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
         second = await s.until(second_card)
         cancelled = await run("cancel", str(second))
         assert "is being cancelled (by the running bot)" in cancelled, cancelled
-        assert await request_latency_ms(pg_url, 2) < 1500
+        assert await pg_request_latency_ms(pg_url, 2) < 1500
         tasks = json.loads(await run("tasks", "--json"))["tasks"]
         assert second not in [t["id"] for t in tasks]
         assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
@@ -118,21 +123,11 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot_on_postgres(
     config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
     sqlite_line = f"path = {toml_value(str(tmp_path / 'bot.sqlite'))}"
     config.write_text(config.read_text().replace(sqlite_line, f"url = {toml_value(pg_url)}"))
-    for _ in range(2):  # the tool kills its process: once, and once more after the one allowed restart
-        crashed = await BotProcess.start(config, env=env)
-        assert await crashed.finish(60) == -9, await crashed.stderr()
+    await park_the_fragile_tool(config, env, timeout=60)
     bot = await BotProcess.start(config, env=env)
     try:
-        parked = await bot.wait_for(lambda line: "parked task(s)" in line, 60)
-        assert parked is not None, bot.output()
-        task_id = int(parked.split("task(s) (")[1].split(")")[0])
-        (tmp_path / "repaired").touch()
-        retried = await cli(config, "retry", str(task_id), env=env)
-        assert retried.returncode == 0, retried.stdout + retried.stderr
-        assert f"task {task_id} (core.tool fragile) is scheduled again (by the running bot)" in retried.stdout
-        assert f"task {task_id} (core.tool fragile) completed" in retried.stdout
-        assert "result: worked this time" in retried.stdout
-        assert await request_latency_ms(pg_url, 1) < 1500
+        await retry_the_parked_task(bot, config, env, timeout=60)
+        assert await pg_request_latency_ms(pg_url, 1) < 1500
         await bot.wait_for_fake(
             lambda r: r["op"] == "edit" and r["final"] and "worked this time" in r["text"]
         )

@@ -21,14 +21,13 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp import web
-from bots_cli_support import BotProcess, bot_env, free_port, shipped_config_in, toml_value
+from bots_cli_support import LAST_LINE, BotProcess, bot_env, free_port, shipped_config_in, toml_value
 
 from adapters.slack.testing import Channel, FakeSlack, Message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TTL = 3.0
-LAST_LINE = "without running a tool twice."  # the end of the demo's greeting: the answer is complete
 SLACK = """
 [adapters.slack]
 mode = "socket"

@@ -67,6 +67,13 @@ class Rig:
         self.adapters.append(adapter)
         return adapter
 
+    async def run(self, **options: Any) -> DevchatAdapter:
+        """The usual start: the bridge, a devchat adapter (with `options`), then the harness's work."""
+        await self.bridge.start()
+        adapter = await self.start_adapter(**options)
+        self.harness.resume()
+        return adapter
+
     async def connect(self, *, origin: str | None = None) -> WsClient:
         if self.session is None:
             self.session = aiohttp.ClientSession()
@@ -145,6 +152,18 @@ class WsClient:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+def post(client_id: str, text: str, *, name: str = "alice", channel: str = "general") -> dict[str, Any]:
+    """A page's post frame."""
+    return {
+        "type": "post",
+        "name": name,
+        "channel": channel,
+        "thread": None,
+        "text": text,
+        "client_id": client_id,
+    }
 
 
 def message_events(frame: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,27 +17,14 @@ from hypothesis import strategies as st
 
 from adapters.devchat import ChatStore
 
-from .support import Rig, final_bot
-
-
-def post(client_id: str, text: str, *, name: str = "alice", channel: str = "general") -> dict[str, Any]:
-    return {
-        "type": "post",
-        "name": name,
-        "channel": channel,
-        "thread": None,
-        "text": text,
-        "client_id": client_id,
-    }
+from .support import Rig, final_bot, post
 
 
 async def test_a_post_with_a_lone_surrogate_is_answered_once_and_a_restart_is_clean(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory()
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     page, _ = await rig.hello()
     frame = json.dumps(post("client-s001", "@bot hi \ud83d there", name="zo\udc00e"))
     assert "\\ud83d" in frame  # the escape travels, as JSON allows
@@ -66,9 +52,7 @@ async def test_a_new_store_never_reuses_the_request_id_of_a_deleted_one(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory()
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     page, _ = await rig.hello()
     await page.send(**post("client-d001", "@bot before the reset"))
     first = await page.until(lambda f: f["type"] == "ack")

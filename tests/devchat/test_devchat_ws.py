@@ -16,18 +16,7 @@ from adapters.bridge.testing import MemoryTransport
 from adapters.devchat import ChatStore
 from adapters.devchat.adapter import workspace_of
 
-from .support import Rig, final_bot, message_events
-
-
-def post(client_id: str, text: str, *, name: str = "alice", channel: str = "general") -> dict[str, Any]:
-    return {
-        "type": "post",
-        "name": name,
-        "channel": channel,
-        "thread": None,
-        "text": text,
-        "client_id": client_id,
-    }
+from .support import Rig, final_bot, message_events, post
 
 
 async def test_hello_gets_a_snapshot_and_the_panel(rig: Rig) -> None:
@@ -111,9 +100,7 @@ async def test_a_click_by_a_non_approver_is_refused_privately_and_the_approver_r
 ) -> None:
     # alice is an approver too, so her click on her own request is refused as self-approval.
     rig = await rig_factory(approvers=["boss", "alice"])
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     alice, _ = await rig.hello()
     carol, _ = await rig.hello()
     boss, _ = await rig.hello()
@@ -158,9 +145,7 @@ async def test_devchat_approver_list_narrows_the_policy(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory(approvers=["boss", "dave"])
-    await rig.bridge.start()
-    await rig.start_adapter(approvers=["dave"])
-    rig.harness.resume()
+    await rig.run(approvers=["dave"])
     alice, _ = await rig.hello()
     await alice.send(**post("client-0005", "@bot deploy api", channel="ops"))
     frame = await alice.until(lambda f: any(m["kind"] == "approval" for m in message_events(f)))
@@ -183,9 +168,7 @@ async def test_a_devchat_user_typing_a_slack_approvers_id_cannot_approve(
     rig = await rig_factory(approvers=approvers)
     if second_platform:
         rig.bridge.attach(MemoryTransport("slack"))
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     alice, _ = await rig.hello()
     await alice.send(**post("client-0006", "@bot deploy api", channel="ops"))
     frame = await alice.until(lambda f: any(m["kind"] == "approval" for m in message_events(f)))
@@ -208,9 +191,7 @@ async def test_the_panel_shows_and_retries_only_devchats_own_work_unless_configu
     rig = await rig_factory(approvers=["slack:U0LEAD", "devchat:boss"])
     slack = MemoryTransport("slack")
     rig.bridge.attach(slack)
-    await rig.bridge.start()
-    await rig.start_adapter(all_platforms=all_platforms)
-    rig.harness.resume()
+    await rig.run(all_platforms=all_platforms)
     slack_place = Place("slack", "T1", "C1")
     await rig.bridge.intake(
         IncomingMessage(slack_place, "1.1", "U0ALICE", "alice", "deploy api", mentions_bot=True)
@@ -240,9 +221,7 @@ async def test_a_click_on_a_gate_that_already_expired_says_it_expired(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory(expires_after_ms=300)
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     alice, _ = await rig.hello()
     await alice.send(**post("client-0006", "@bot deploy api", channel="ops"))
 
@@ -265,9 +244,7 @@ async def test_posts_stored_while_the_bot_was_down_are_caught_up(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory()
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     page, _ = await rig.hello()
     await page.send(**post("client-0006", "@bot first"))
     await page.until(final_bot("answer to alice: @bot first"))
@@ -409,9 +386,7 @@ async def test_only_the_requester_withdraws_a_request_and_the_card_says_so(
     rig_factory: Callable[..., Awaitable[Rig]],
 ) -> None:
     rig = await rig_factory()
-    await rig.bridge.start()
-    await rig.start_adapter()
-    rig.harness.resume()
+    await rig.run()
     alice, _ = await rig.hello()
     carol, _ = await rig.hello()
     await alice.send(**post("client-0011", "@bot deploy api", channel="ops"))

@@ -167,6 +167,20 @@ async def test_the_description_never_shows_the_password() -> None:
     assert "postgresql://bot@127.0.0.1:1/ops" in str(info.value)
 
 
+async def terminate_the_waiting_backend(admin: asyncpg.Connection) -> bool:
+    """Wait (up to 5 s) for another backend to block on a lock, then terminate it, as a lost connection would."""
+    victim = None
+    for _ in range(100):
+        victim = await admin.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        if victim is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert victim is not None
+    return bool(await admin.fetchval("SELECT pg_terminate_backend($1)", victim))
+
+
 async def test_a_connection_killed_mid_commit_fails_the_commit_and_leaves_a_consistent_store(
     pg_url: str,
 ) -> None:
@@ -181,16 +195,7 @@ async def test_a_connection_killed_mid_commit_fails_the_commit_and_leaves_a_cons
         commit = asyncio.create_task(
             storage.commit([CommitBatch(seq=2, next_id=20, entries=[note(11, 2), note(12, 2)])])
         )
-        victim = None
-        for _ in range(100):
-            victim = await admin.fetchval(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-            )
-            if victim is not None:
-                break
-            await asyncio.sleep(0.05)
-        assert victim is not None
-        assert await admin.fetchval("SELECT pg_terminate_backend($1)", victim)
+        assert await terminate_the_waiting_backend(admin)
         await blocker.rollback()
         with pytest.raises(StorageError, match="outcome unknown"):
             await commit
@@ -225,16 +230,7 @@ async def test_the_harness_closes_on_a_connection_killed_mid_commit_and_the_next
             tx.append_entry(conversation.id, EntryDraft(kind="t.note", data={"n": 2}))
 
         commit = asyncio.create_task(harness.commit(two_notes))
-        victim = None
-        for _ in range(100):
-            victim = await admin.fetchval(
-                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-            )
-            if victim is not None:
-                break
-            await asyncio.sleep(0.05)
-        assert victim is not None
-        await admin.fetchval("SELECT pg_terminate_backend($1)", victim)
+        await terminate_the_waiting_backend(admin)
         await blocker.rollback()
         with pytest.raises(Exception):  # noqa: B017  (the commit fails; the harness reports why on `closed`)
             await commit
