@@ -8,10 +8,10 @@ range. The cache is filled from storage; commits published while it is being rea
 id, so none is missed or doubled. Cached entries are shared: callers must not mutate them.
 
 Bounds: at most `capacity` conversations (default 512) and `max_bytes` of entries (default `MAX_BYTES`, 8 MiB,
-counted as each entry's serialized JSON size; in memory an entry with its parsed models and the derived
-prompt view took about 15 times that in `benchmarks/memory_growth.py`, so the full default holds ~115 MB). The least recently used ranges
-leave first; a range bigger than the whole budget is used once and not kept. Nothing is lost by leaving:
-the next `get` reads the range from storage again.
+counted as each entry's serialized JSON size; in memory an entry with its parsed models and its share of the
+derived prompt view takes 10-11 times that, measured by walking the cached objects after `benchmarks/memory_growth.py`,
+so the full default holds 80-90 MB). The least recently used ranges leave first; a range bigger than the whole
+budget is used once and not kept. Nothing is lost by leaving: the next `get` reads the range from storage again.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class ContextCache:
     def __init__(self, capacity: int = 512, max_bytes: int = MAX_BYTES) -> None:
         self._capacity = capacity
         self._max_bytes = max_bytes
+        self.gets = 0  # for benchmarks and tests: ranges asked for,
+        self.reads = 0  # and of those read from storage (misses)
         self._ranges: OrderedDict[int, _Range] = OrderedDict()
         self._bytes = 0  # sum of the sizes of the ranges held
 
@@ -103,6 +105,7 @@ class ContextCache:
     async def get(
         self, conversation_id: int, cutoff: int | None, load: Loader
     ) -> tuple[Entry | None, list[Entry]]:
+        self.gets += 1
         cached = self._ranges.get(conversation_id)
         if cached is not None and cached.ready and not cached.stale:
             self._ranges.move_to_end(conversation_id)
@@ -113,6 +116,7 @@ class ContextCache:
         fresh = _Range(head=None, entries=[])
         self._ranges[conversation_id] = fresh  # buffer what is published while we read
         self._ranges.move_to_end(conversation_id)
+        self.reads += 1
         try:
             head, entries = await load()
         except BaseException:
