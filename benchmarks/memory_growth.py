@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
     places = [Place("bench", "W1", f"C{n}") for n in range(channels)]
     samples: list[tuple[int, int]] = []
     sent = 0
+    started = time.monotonic()
 
     async def settle() -> None:
         await asyncio.wait_for(harness.wait_for_idle(), 300)
@@ -85,6 +88,7 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
 
     gc.collect()
     samples.append((0, rss_bytes()))
+    blocks = [sys.getallocatedblocks()]  # live objects: flat while RSS steps means the allocator kept pages
     while sent < total:
         wave = min(channels, total - sent)
         for offset in range(wave):
@@ -98,10 +102,19 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
         if sent // every != before // every or sent == total:
             gc.collect()
             samples.append((sent, rss_bytes()))
+            blocks.append(sys.getallocatedblocks())
     answered = transport.creates
+    cache = harness.context_cache
     await bridge.stop()
     await harness.close()
-    return {"samples": samples, "answered": answered}
+    return {
+        "samples": samples,
+        "answered": answered,
+        "reads": cache.reads,
+        "gets": cache.gets,
+        "blocks": blocks,
+        "seconds": time.monotonic() - started,
+    }
 
 
 async def run(options: Options) -> Report:
@@ -142,7 +155,13 @@ async def run(options: Options) -> Report:
         f"growth over the last {last[0] - middle[0]:,} messages", (last[1] - middle[1]) / 2**20, "MiB"
     )
     report.add("answers delivered", result["answered"], "messages")
+    report.add("contexts read from storage (cache misses)", result["reads"], f"of {result['gets']:,} gets")
+    report.add("wall time of the child", result["seconds"], "s")
     report.note("RSS samples (messages: MiB): " + ", ".join(f"{n}: {rss / 2**20:.1f}" for n, rss in samples))
+    report.note(
+        "Live Python objects (sys.getallocatedblocks, thousands) at the same samples: "
+        + ", ".join(f"{b / 1000:.0f}" for b in result["blocks"])
+    )
     report.goal(
         "the second half of the messages grows RSS by under 5 MB",
         growth * 2**20 < GOAL_BYTES,

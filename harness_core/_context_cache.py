@@ -8,10 +8,14 @@ range. The cache is filled from storage; commits published while it is being rea
 id, so none is missed or doubled. Cached entries are shared: callers must not mutate them.
 
 Bounds: at most `capacity` conversations (default 512) and `max_bytes` of entries (default `MAX_BYTES`, 8 MiB,
-counted as each entry's serialized JSON size; in memory an entry with its parsed models and the derived
-prompt view took about 15 times that in `benchmarks/memory_growth.py`, so the full default holds ~115 MB). The least recently used ranges
-leave first; a range bigger than the whole budget is used once and not kept. Nothing is lost by leaving:
-the next `get` reads the range from storage again.
+counted as each entry's serialized JSON size; in memory an entry with its parsed models and its share of the
+derived prompt view takes 10-11 times that, measured by walking the cached objects after `benchmarks/memory_growth.py`,
+so the full default holds 80-90 MB). The least recently used ranges leave first; a range bigger than the whole
+budget is used once and not kept. Nothing is lost by leaving: the next `get` reads the range from storage again.
+
+Counting a range read back costs a serialization per entry (as much CPU as parsing it again), so the cache keeps
+the count of the last `SIZE_MEMO` (4,096) ranges it let go: (head id, entry count, newest id, bytes), ~200 bytes
+each. A range read back with the same head and that prefix only counts its newer entries.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from harness_core.records import Entry
 
 Loader = Callable[[], Awaitable[tuple[Entry | None, list[Entry]]]]
 MAX_BYTES = 8 * 2**20
+SIZE_MEMO = 4096
 
 
 def entry_bytes(entry: Entry) -> int:
@@ -67,8 +72,12 @@ class ContextCache:
     def __init__(self, capacity: int = 512, max_bytes: int = MAX_BYTES) -> None:
         self._capacity = capacity
         self._max_bytes = max_bytes
+        self.gets = 0  # for benchmarks and tests: ranges asked for,
+        self.reads = 0  # and of those read from storage (misses)
         self._ranges: OrderedDict[int, _Range] = OrderedDict()
         self._bytes = 0  # sum of the sizes of the ranges held
+        # conversation -> (head id, entry count, newest id, bytes) of a range let go (see the module docstring)
+        self._sizes: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
 
     @property
     def size(self) -> tuple[int, int]:
@@ -79,6 +88,24 @@ class ContextCache:
         dropped = self._ranges.pop(conversation_id, None)
         if dropped is not None:
             self._bytes -= dropped.size
+            if dropped.ready and not dropped.stale and dropped.entries:
+                head_id = dropped.head.id if dropped.head is not None else None
+                self._sizes[conversation_id] = (head_id, len(dropped.entries), dropped.ids[-1], dropped.size)
+                self._sizes.move_to_end(conversation_id)
+                if len(self._sizes) > SIZE_MEMO:
+                    self._sizes.popitem(last=False)
+
+    def _count(self, conversation_id: int, head: Entry | None, entries: list[Entry]) -> int:
+        """The bytes of a range just read: from the memo plus its newer entries when it still holds, else all."""
+        known = self._sizes.pop(conversation_id, None)
+        if known is not None:
+            head_id, count, newest, size = known
+            # The same prefix iff the same head and the count-th entry is the same one (entries are only added and
+            # ids are unique and sorted, see `derived`).
+            same_head = head_id == (head.id if head is not None else None)
+            if same_head and 0 < count <= len(entries) and entries[count - 1].id == newest:
+                return size + sum(entry_bytes(e) for e in entries[count:])
+        return sum(entry_bytes(e) for e in entries)
 
     def _shrink(self) -> None:
         while self._ranges and (len(self._ranges) > self._capacity or self._bytes > self._max_bytes):
@@ -103,6 +130,7 @@ class ContextCache:
     async def get(
         self, conversation_id: int, cutoff: int | None, load: Loader
     ) -> tuple[Entry | None, list[Entry]]:
+        self.gets += 1
         cached = self._ranges.get(conversation_id)
         if cached is not None and cached.ready and not cached.stale:
             self._ranges.move_to_end(conversation_id)
@@ -113,6 +141,7 @@ class ContextCache:
         fresh = _Range(head=None, entries=[])
         self._ranges[conversation_id] = fresh  # buffer what is published while we read
         self._ranges.move_to_end(conversation_id)
+        self.reads += 1
         try:
             head, entries = await load()
         except BaseException:
@@ -123,7 +152,7 @@ class ContextCache:
             fresh.head = head
             fresh.entries = list(entries)
             fresh.ids = [e.id for e in entries]
-            fresh.size = sum(entry_bytes(e) for e in fresh.entries)
+            fresh.size = self._count(conversation_id, head, fresh.entries)
             for entry in fresh.pending:
                 fresh.add(entry)
             fresh.pending = []

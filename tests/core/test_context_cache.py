@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+import harness_core._context_cache as context_cache_module
 from harness_core import EntryDraft, Harness, Input, Tx
 from harness_core._context_cache import ContextCache
 from harness_core.context import derive_context
 from harness_core.conversation import load_context, read_active_range
 from harness_core.messages import UserMessage
 from harness_core.models.faux import faux_assistant
+from harness_core.records import Entry
 from harness_core.storage import MemoryStorage
 
 from .helpers import FAUX, open_harness
@@ -213,4 +217,37 @@ async def test_a_range_bigger_than_the_whole_budget_is_used_but_not_kept() -> No
         await note(harness, root.id, f"{n}: " + "y" * 400)
     await assert_agrees(harness, root.id)
     assert cache.size == (0, 0)
+    await harness.close()
+
+
+async def test_misses_are_counted_and_a_range_read_back_counts_only_its_newer_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted: list[int] = []
+    real = context_cache_module.entry_bytes
+
+    def counting(entry: Entry) -> int:
+        counted.append(entry.id)
+        return real(entry)
+
+    monkeypatch.setattr(context_cache_module, "entry_bytes", counting)
+    harness = await Harness.open(await MemoryStorage.open())
+    harness.context_cache = cache = ContextCache(capacity=1)  # a second conversation pushes the first out
+    harness.session.subscribe(cache.on_publication)
+    root = await harness.root()
+    other = await harness.create_conversation()
+    for n in range(5):
+        await note(harness, root.id, f"{n}: " + "z" * 100)
+    await assert_agrees(harness, root.id)
+    await assert_agrees(harness, root.id)
+    assert (cache.gets, cache.reads) == (2, 1)  # the second was served from the cache
+    whole = cache.size[1]
+    await assert_agrees(harness, other.id)  # root's range leaves
+    newer = await note(harness, root.id, "after it left")
+    counted.clear()
+    await assert_agrees(harness, root.id)  # read back from storage
+    assert cache.reads == 3
+    assert counted == [newer]  # the rest came from what the cache knew when it let the range go
+    _, entries = await read_active_range(harness, root.id, None)
+    assert cache.size[1] == sum(real(e) for e in entries) > whole  # the same as counting them all
     await harness.close()
