@@ -8,10 +8,13 @@ Waits use Playwright's auto-waiting `expect`; nothing asserts on durations. With
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import sqlite3
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -623,3 +626,127 @@ async def test_sigkill_inside_an_approved_deploy_reports_it_once_and_never_deplo
     await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
     await expect(lead.bot().filter(has_text="The deploy of payments 2.8.0")).to_have_count(1)
     assert len(webhook.calls) == 1  # not deployed twice
+
+
+# Run as its own process next to the bot: it polls the bot's storage without pause (cheap: `data_version` says
+# whether anything was committed since the last look) and SIGKILLs the bot as soon as `query` finds a row, so
+# the crash lands right after that commit with no hook in the bot. Its own process keeps the test's event loop
+# (and its GIL) out of the way; on a busy machine it runs before the bot (higher priority, if allowed), so the
+# bot's next commit, a millisecond later, does not slip in first.
+KILL_ON_COMMIT = """
+import contextlib, os, signal, sqlite3, sys
+path, pid, query, *args = sys.argv[1:]
+with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, 0, -20)
+with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, int(pid), 19)
+db = sqlite3.connect(path, timeout=5)
+seen = None
+while True:
+    version = db.execute("PRAGMA data_version").fetchone()[0]
+    if version != seen:
+        seen = version
+        if db.execute(query, args).fetchone() is not None:
+            os.kill(int(pid), signal.SIGKILL)
+            break
+"""
+
+
+@contextlib.asynccontextmanager
+async def killed_on_commit(bot: BotServer, query: str, *args: str) -> AsyncIterator[None]:
+    """SIGKILL the bot right after the commit that makes `query` find a row in its harness storage, while the
+    body drives the page; on leaving, the bot is dead of that SIGKILL (within a functional deadline)."""
+    assert bot.process is not None
+    watcher = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        KILL_ON_COMMIT,
+        str(bot.workdir / "ops.sqlite"),
+        str(bot.process.pid),
+        query,
+        *args,
+    )
+    try:
+        yield
+        async with asyncio.timeout(30):
+            assert await watcher.wait() == 0
+            assert await bot.process.wait() == -9
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+            await watcher.wait()
+
+
+# The decision on an approval request, committed (the click is durable from here on) and nothing after it:
+# the gate task's next commit records that the deploy starts.
+APPROVED = (
+    "SELECT 1 FROM doc_records r JOIN doc_contents c ON c.doc_id = r.id WHERE r.kind = 'bridge.approval' "
+    """AND c.content LIKE '%"path":"/status","value":"approved"%'"""
+)
+# The deploy's result, committed (whichever table holds it first): the webhook was called and answered.
+DEPLOY_RESULT = (
+    "SELECT 1 FROM entries WHERE record LIKE ?1 UNION ALL SELECT 1 FROM tasks WHERE record LIKE ?1 "
+    "UNION ALL SELECT 1 FROM submissions WHERE record LIKE ?1"
+)
+GATE_OUTCOME = (
+    "SELECT group_concat(c.content) FROM doc_records r JOIN doc_contents c ON c.doc_id = r.id "
+    "WHERE r.kind = 'bridge.approval'"
+)
+
+
+async def restart_and_see_one_deploy_reported(bot: BotServer, tabs: list[Tab], webhook: Webhook) -> None:
+    """After a crash: the bot comes back, the deploy has run once and every tab shows its outcome once."""
+    await bot.start()
+    for tab in tabs:
+        await tab.connected()
+        card = tab.page.get_by_test_id("approval")
+        await expect(card).to_have_attribute("data-status", "approved")
+        await expect(card.get_by_test_id("approval-status")).to_contain_text("Approved by lead at")
+        done = tab.bot().filter(has_text="Done: the deploy of payments 2.8.0")
+        await expect(done).to_have_attribute("data-final", "true")
+        await expect(done).to_have_count(1)
+        await expect(tab.bot().filter(has_text="accepted by the deploy webhook")).to_have_count(1)
+    assert len(webhook.calls) == 1, webhook.calls
+    with sqlite3.connect(bot.workdir / "devchat.sqlite") as db:
+        reports = db.execute(
+            "SELECT final FROM messages WHERE kind = 'bot' AND text LIKE 'Done: the deploy%'"
+        )
+        assert reports.fetchall() == [(1,)]  # one report, stored once, finished
+    assert [tab.errors for tab in tabs] == [[]] * len(tabs)
+
+
+async def test_sigkill_right_after_the_approve_click_deploys_once_after_the_restart(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
+) -> None:
+    bot = await start_bot()
+    alice = await open_tab(browser, bot, "alice", "ops")
+    lead = await open_tab(browser, bot, "lead", "ops")
+    await alice.say("deploy payments 2.8.0")
+    await expect(lead.page.get_by_test_id("approval")).to_have_attribute("data-status", "pending")
+    async with killed_on_commit(bot, APPROVED):
+        await lead.page.get_by_test_id("approve").click()
+    assert webhook.calls == []
+    with sqlite3.connect(bot.workdir / "ops.sqlite") as db:
+        (gate,) = db.execute(GATE_OUTCOME).fetchone()
+    assert '"approved"' in gate and '"running"' not in gate  # killed after the click, before the deploy began
+
+    await restart_and_see_one_deploy_reported(bot, [alice, lead], webhook)
+
+
+async def test_sigkill_after_the_deploy_ran_and_before_its_report_reports_it_once(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
+) -> None:
+    # The demo model waits `delay_ms` before each chunk, so the report leaves a window after the deploy's commit.
+    bot = await start_bot(delay_ms=60)
+    alice = await open_tab(browser, bot, "alice", "ops")
+    lead = await open_tab(browser, bot, "lead", "ops")
+    await alice.say("deploy payments 2.8.0")
+    await expect(lead.page.get_by_test_id("approval")).to_have_attribute("data-status", "pending")
+    async with killed_on_commit(bot, DEPLOY_RESULT, "%accepted by the deploy webhook%"):
+        await lead.page.get_by_test_id("approve").click()
+    assert len(webhook.calls) == 1  # the deploy ran and was answered
+    with sqlite3.connect(bot.workdir / "devchat.sqlite") as db:
+        shown = db.execute("SELECT text FROM messages WHERE kind = 'bot' AND text LIKE 'Done:%'").fetchall()
+    assert shown == []  # killed before the report was posted
+
+    await restart_and_see_one_deploy_reported(bot, [alice, lead], webhook)
