@@ -50,10 +50,17 @@ def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> li
     rest = text
     while measure(rest) > limit:
         budget = _fitting(rest, limit - len(FENCE) - 1, measure)  # room to close a fence
-        cut = _best_cut(rest, budget)
+        # A part that reopened a fence must carry more than the reopening line, or the next part would be
+        # the same again (a loop that never ends, growing the list of parts).
+        floor = len(rest.split("\n", 1)[0]) + 1 if rest.startswith(FENCE) else 0
+        if floor >= budget:  # the opening line alone is too long: cut inside it (it is reopened bare)
+            floor = 0
+        cut = _best_cut(rest, budget, floor)
         head, rest = rest[:cut], rest[cut:]
         if head.count(FENCE) % 2 == 1:
             opener = head[head.rfind(FENCE) :].split("\n", 1)[0]  # e.g. ```python
+            if len(opener) > limit // 4:  # not a language tag: reopening with it could leave no room
+                opener = FENCE
             head = head.rstrip("\n") + "\n" + FENCE
             rest = opener + "\n" + rest.lstrip("\n")
         parts.append(head.rstrip())
@@ -77,11 +84,13 @@ def _fitting(text: str, budget: int, measure: Callable[[str], int]) -> int:
     return low
 
 
-def _best_cut(text: str, budget: int) -> int:
+def _best_cut(text: str, budget: int, floor: int = 0) -> int:
+    """Where to cut: the last paragraph, line or word boundary in the second half of the budget (and past
+    `floor`), else at the budget."""
     window = text[:budget]
     for separator in ("\n\n", "\n", " "):
         index = window.rfind(separator)
-        if index > budget // 2:
+        if index > max(budget // 2, floor - 1) and index + len(separator) > floor:
             return index + len(separator)
     return budget
 

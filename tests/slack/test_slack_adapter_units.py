@@ -600,9 +600,23 @@ def test_gate_groups_are_looked_up_by_their_bare_slack_id() -> None:
     assert slack_group_ids(None) == []
 
 
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [("```channelchannel", 16), ("```\n" + "&" * 40, 16), ("```python\n" + "x " * 60, 20)],
+)
+def test_split_text_always_ends_when_a_part_starts_with_a_fence(text: str, limit: int) -> None:
+    """A part that reopens a code fence must carry more than the reopening line; these looped for ever,
+    appending the same part until memory ran out (found by the property test below)."""
+    for measure in (len, lambda part: len(slack_text(part))):
+        parts = split_text(text, limit, measure)
+        assert len(parts) <= len(text) and all(measure(part) <= limit for part in parts), parts
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    text=st.lists(st.sampled_from([*"ab &<>@\n`", "channel", "```"]), max_size=300).map("".join),
+    text=st.lists(st.sampled_from([*"ab &<>@\n`", "channel", "```", "```python\n"]), max_size=300).map(
+        "".join
+    ),
     limit=st.integers(min_value=16, max_value=120),
 )
 def test_split_parts_fit_the_limit_once_escaped_for_slack(text: str, limit: int) -> None:
