@@ -101,11 +101,14 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
             return found if found != gate else None
 
         second = await s.until(second_card)
-        cancelled = await run("cancel", str(second))
+        # The call behind the card ended its turn; the task that waits for the gate is the one to cancel.
+        tasks = json.loads(await run("tasks", "--json"))["tasks"]
+        (waiting,) = [t for t in tasks if t["gate"] == second]
+        cancelled = await run("cancel", str(waiting["id"]))
         assert "is being cancelled (by the running bot)" in cancelled, cancelled
         assert await pg_request_latency_ms(pg_url, 2) < 1500
         tasks = json.loads(await run("tasks", "--json"))["tasks"]
-        assert second not in [t["id"] for t in tasks]
+        assert waiting["id"] not in [t["id"] for t in tasks]
         assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
         assert await s.bot.terminate() == 0, await s.bot.stderr()
         printed.append(s.bot.output() + await s.bot.stderr())
