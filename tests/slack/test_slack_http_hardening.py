@@ -30,6 +30,16 @@ async def fake() -> AsyncIterator[FakeSlack]:
         yield running
 
 
+async def read_status_and_headers(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """The status code and headers of a raw HTTP/1.1 response (the body is not read)."""
+    status_line = await asyncio.wait_for(reader.readline(), 10)
+    answered: dict[str, str] = {}
+    while (line := await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b""):
+        key, _, value = line.decode().partition(":")
+        answered[key.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), answered
+
+
 async def raw_post(
     url: str, headers: dict[str, str], body: bytes | None, *, length: int | None = None
 ) -> tuple[int, dict[str, str]]:
@@ -47,12 +57,7 @@ async def raw_post(
                 for start in range(0, len(body), 256 * 1024):  # like a client streaming its upload
                     writer.write(body[start : start + 256 * 1024])
                     await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), 10)
-        answered: dict[str, str] = {}
-        while (line := await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b""):
-            key, _, value = line.decode().partition(":")
-            answered[key.strip().lower()] = value.strip()
-        return int(status_line.split()[1]), answered
+        return await read_status_and_headers(reader)
     finally:
         writer.close()
         with contextlib.suppress(Exception):
@@ -205,12 +210,7 @@ async def chunked_post(url: str, headers: dict[str, str], size: int) -> tuple[in
                 await writer.drain()
             writer.write(b"0\r\n\r\n")
             await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), 10)
-        answered: dict[str, str] = {}
-        while (line := await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b""):
-            key, _, value = line.decode().partition(":")
-            answered[key.strip().lower()] = value.strip()
-        return int(status_line.split()[1]), answered
+        return await read_status_and_headers(reader)
     finally:
         writer.close()
         with contextlib.suppress(Exception):
