@@ -10,10 +10,14 @@ from collections.abc import AsyncIterator
 
 import discord
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_fake_discord import Bot, intents, running
 
+from adapters.bridge import Place
+from adapters.discord._adapter import _shard_of
 from adapters.discord._endpoints import override_endpoints
-from adapters.discord.testing import FakeDiscord, FakeGuild
+from adapters.discord.testing import FakeDiscord, FakeGuild, GatewaySession
 
 
 def guild_on(fake: FakeDiscord, shard: int, count: int, name: str) -> FakeGuild:
@@ -80,3 +84,17 @@ async def test_a_shard_id_outside_the_count_is_closed_with_4010(fake: FakeDiscor
     assert closed.value.code == 4010
     with contextlib.suppress(Exception):
         await bot.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(guild_id=st.integers(min_value=0, max_value=2**64 - 1), count=st.integers(min_value=1, max_value=64))
+def test_every_guild_belongs_to_exactly_one_shard_and_the_adapter_agrees(guild_id: int, count: int) -> None:
+    sessions = [
+        GatewaySession(session_id=str(i), intents=0, shard=(i, count), identify={}, identified_at=0.0)
+        for i in range(count)
+    ]
+    serving = [s.shard[0] for s in sessions if s.shard is not None and s.handles_guild(guild_id)]
+    assert serving == [FakeDiscord.shard_of(guild_id, count)]
+    assert _shard_of(Place("discord", str(guild_id), "1"), count) == serving[0]
+    dm_serving = [s.shard for s in sessions if s.handles_guild(None)]
+    assert dm_serving == [(0, count)] and _shard_of(Place("discord", "@me", "1"), count) == 0

@@ -4,6 +4,7 @@ asking slowly without crashing, and takes events as soon as a slot frees."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -118,3 +119,19 @@ async def test_eleven_workers_ten_connect_the_eleventh_waits_for_a_free_slot(
     mine = fake.open_connections[-1]
     await post_until_on(fake, general, alice, mine)  # acked there: the eleventh worker took it in
     assert not eleventh.stopped
+
+    # A refused worker stops cleanly while it waits to ask again: nothing of it keeps running.
+    before = asyncio.all_tasks()
+    twelfth = await start_worker(fake)
+    await fake.wait_for(lambda: twelfth.adapter.socket_refused, description="the twelfth refused")
+    await asyncio.wait_for(twelfth.stop(), 10)
+    await asyncio.sleep(0)
+    leftover = [t for t in asyncio.all_tasks() - before if not t.done() and not _is_fake(t)]
+    assert leftover == [], leftover
+    assert len(fake.open_connections) == 10
+
+
+def _is_fake(task: asyncio.Task[object]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    filename = getattr(code, "co_filename", "")
+    return "/adapters/slack/_fake_" in filename or filename.endswith("/adapters/slack/testing.py")
