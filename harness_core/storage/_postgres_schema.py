@@ -143,6 +143,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 WHERE EXISTS (SELECT 1 FROM meta WHERE next_id > 1 OR last_seq > 0)
                    OR EXISTS (SELECT 1 FROM conversations)
                    OR EXISTS (SELECT 1 FROM operator_requests)""",
+            # An untouched store: each partition's meta row is written by its first open (its first id).
+            "DELETE FROM meta WHERE NOT EXISTS (SELECT 1 FROM store_shape)",
             # Exactly once across workers: `key` (a platform message id) is unique over the whole store.
             # `payload` is strict JSON text (ASCII-escaped, so U+0000 and every code point fit `text`).
             """CREATE TABLE ingress (
