@@ -289,7 +289,9 @@ class PostgresStorage(SqlRecordReads):
         if not batches:
             return
         self._lease.check()
-        plan = plan_or_refuse(batches, self._next_id, self._reserved, _json, self._description)
+        plan = plan_or_refuse(
+            batches, self._next_id, self._reserved, _json, self._description, id_stride=self.partitions
+        )
         try:
             async with self._pool.acquire() as conn:
                 try:

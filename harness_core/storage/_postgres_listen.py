@@ -31,6 +31,7 @@ class Notifications:
         self._task: asyncio.Task[None] | None = None
         self._listening: set[str] = set()
         self._up = asyncio.Event()
+        self._adding: set[asyncio.Future[None]] = set()
 
     def subscribe(self, channel: str, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call `callback(payload)` for each notification on `channel`; returns the unsubscribe function."""
@@ -38,11 +39,11 @@ class Notifications:
         if self._task is None:
             self._task = asyncio.create_task(self._keep_listening(), name="postgres-listen")
         elif self._conn is not None and channel not in self._listening:
-            conn = self._conn
             # Subscribed while connected: listen on it now (a failure is noticed by the connection watch).
             self._listening.add(channel)
-            task = asyncio.ensure_future(conn.add_listener(channel, self._dispatch))
-            task.add_done_callback(_ignore_failure)
+            adding = asyncio.ensure_future(self._conn.add_listener(channel, self._dispatch))
+            self._adding.add(adding)
+            adding.add_done_callback(self._added)
 
         def unsubscribe() -> None:
             callbacks = self._callbacks.get(channel, [])
@@ -50,6 +51,11 @@ class Notifications:
                 callbacks.remove(callback)
 
         return unsubscribe
+
+    def _added(self, adding: asyncio.Future[None]) -> None:
+        self._adding.discard(adding)
+        if not adding.cancelled():
+            adding.exception()  # a failed LISTEN: the connection watch replaces the connection
 
     def _dispatch(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
         for callback in list(self._callbacks.get(channel, [])):
@@ -70,9 +76,11 @@ class Notifications:
             conn.add_termination_listener(_setter(closed))
             try:
                 self._listening = set()
-                for channel in list(self._callbacks):
-                    await conn.add_listener(channel, self._dispatch)
-                    self._listening.add(channel)
+                # Until no channel is missing: one may be subscribed while we await here.
+                while missing := [c for c in self._callbacks if c not in self._listening]:
+                    for channel in missing:
+                        await conn.add_listener(channel, self._dispatch)
+                        self._listening.add(channel)
                 self._conn = conn
                 self._up.set()
                 while not conn.is_closed():
@@ -92,6 +100,8 @@ class Notifications:
         """Wait until the connection listens (tests, and a store that wants its first wake-ups)."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._up.wait(), timeout)
+            if self._adding:
+                await asyncio.wait_for(asyncio.wait(list(self._adding)), timeout)
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -105,11 +115,6 @@ class Notifications:
                 await asyncio.wait_for(conn.close(), 1)
             if not conn.is_closed():
                 conn.terminate()
-
-
-def _ignore_failure(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _setter(event: asyncio.Event) -> Callable[[object], None]:

@@ -175,3 +175,29 @@ async def test_workers_see_each_other_join_drain_and_leave(pg_url: str) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_dropped_listen_connection_is_replaced(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=2)
+    other = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        killed = await other.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'durable-bots listen' AND datname = current_database()"
+        )
+        assert killed == 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        n = 0
+        while woken.empty():  # puts sent while reconnecting are lost (the owner polls for those)
+            assert loop.time() < deadline, "the LISTEN connection was not replaced"
+            n += 1
+            await other.put_ingress(1, "message", f"k{n}", {})
+            await asyncio.sleep(0.2)
+        assert woken.get_nowait() == 1
+    finally:
+        await owner.close()
+        await other.close()
