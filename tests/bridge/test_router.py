@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from adapters.bridge import ApprovalPolicy, IncomingMessage, Place, Router, partition_of_place
+from adapters.bridge import (
+    ApprovalPolicy,
+    Bridge,
+    ClickOrigin,
+    IncomingMessage,
+    Place,
+    Router,
+    partition_of_place,
+)
 from adapters.bridge.ingress import MESSAGE, message_payload
 from adapters.bridge.partitions import partition_of_key
 from adapters.bridge.testing import MemoryIngress, MemoryTransport
@@ -231,8 +239,6 @@ async def test_a_forwarded_click_is_decided_once_by_the_gates_owner(bots: BotFac
     b.attach(platform)
 
     # Reached a worker that cannot read the gate: forwarded without a pre-check; a double click is one record.
-    from adapters.bridge import ClickOrigin
-
     origin = ClickOrigin(card.target.channel, card.id)
     for _ in range(2):
         decision = await a.decide(
@@ -262,8 +268,6 @@ async def test_a_click_the_owner_would_refuse_is_answered_at_once_by_the_worker_
     card = await gate_message(owner)
     gate = gate_id(card)
     # This worker owns another partition; its harness reads the whole store (here: the same one).
-    from adapters.bridge import Bridge, ClickOrigin
-
     reader = Bridge(owner.harness)
     a = routers(ingress)
     a.attach(platform)
