@@ -3,10 +3,17 @@
 
 Each owned partition has its own `Bridge` (over its own harness and lease). The router sends every adapter call
 to the partition that owns it: a message by its channel's place key (`partition_of_place`; threads follow their
-channel), a click by its gate id (`gate_id % partitions`). A partition owned here gets the call directly; any
-other is committed as an ingress record for its owner (kind `message` keyed by the message's identity, kind
-`click` keyed by the click's), and the adapter acknowledges the platform once that commit returned: nothing
-acknowledged is lost, and the owner's exactly-once intake makes a message that arrives both ways count once.
+channel), a click by its gate id (`gate_id % partitions`).
+
+A message is committed as an ingress record (kind `message`, keyed by the message's identity) for its
+partition's owner, whichever worker that is, and the adapter acknowledges the platform once that commit
+returned: nothing acknowledged is lost, and a message delivered twice (to two workers, or as Slack's `message`
+and `app_mention`) is one record. Every message of a channel takes the same path whichever worker the platform
+handed it to, so a channel's messages are taken in in the order they were committed (a direct intake at the
+owner would overtake one still on its way from another worker). `direct_intake=True` takes a message for a
+partition owned here straight in instead (one commit less; order across workers then only as good as the
+paths' latencies). A click for a gate owned here is decided directly (the clicker is answered at once); any
+other is committed as a `click` record for the gate's owner.
 
 For every owned partition the router runs one consumer task: it takes the partition's unfinished ingress
 records in id order (so a channel's messages keep their order), feeds each through that partition's bridge,
@@ -64,6 +71,7 @@ class Router:
         *,
         poll_interval: float = POLL_INTERVAL,
         batch: int = BATCH,
+        direct_intake: bool = False,
     ) -> None:
         if partitions < 1:
             raise ValueError(f"partitions must be at least 1, got {partitions}")
@@ -71,6 +79,7 @@ class Router:
         self.partitions = partitions
         self.poll_interval = poll_interval
         self.batch = batch
+        self.direct_intake = direct_intake
         self.transports: dict[str, Transport] = {}
         self._bridges: dict[int, Bridge] = {}
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
@@ -154,7 +163,7 @@ class Router:
     async def intake(self, message: IncomingMessage) -> IntakeResult:
         partition = self.partition_of(message.place)
         bridge = self._bridges.get(partition)
-        if bridge is not None:
+        if bridge is not None and self.direct_intake:
             try:
                 return await bridge.intake(message)
             except Exception:
@@ -163,11 +172,12 @@ class Router:
                 # Handed over while taking it in: its new owner takes it from ingress instead.
         new = await self.ingress.put_ingress(partition, MESSAGE, message.request_id, message_payload(message))
         self.forwarded += 1
-        log.info(
-            "message %s forwarded to partition %d%s",
+        self._notified(partition)  # owned here: no need to wait for the store's notification
+        log.debug(
+            "message %s committed for partition %d%s",
             message.request_id,
             partition,
-            "" if new else " (already forwarded)",
+            "" if new else " (already there)",
         )
         return IntakeResult(None, None, "forwarded")
 

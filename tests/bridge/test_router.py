@@ -77,31 +77,53 @@ async def routers() -> Any:
         await router.stop()
 
 
-async def test_an_owned_place_goes_to_its_bridge_and_any_other_is_forwarded_to_its_owner(
-    bots: BotFactory, routers: Any
+@pytest.mark.parametrize("direct", [False, True])
+async def test_a_message_is_taken_in_by_its_partitions_owner_whichever_worker_it_reached(
+    bots: BotFactory, routers: Any, direct: bool
 ) -> None:
     ingress, platform = MemoryIngress(), MemoryTransport()
     here, there = await bots(platform=platform), await bots(platform=platform)
-    a, b = routers(ingress), routers(ingress)
+    a, b = routers(ingress, direct_intake=direct), routers(ingress, direct_intake=direct)
     a.attach(platform)
     b.attach(platform)
     await a.add_partition(0, here.bridge)
     await b.add_partition(1, there.bridge)
     mine, theirs = place_in(0), place_in(1)
 
-    assert (await a.intake(message(mine, "1.1", "hello"))).outcome == "answering"
+    assert (await a.intake(message(mine, "1.1", "hello"))).outcome == ("answering" if direct else "forwarded")
     forwarded = await a.intake(message(theirs, "1.2", "over there"))
     assert forwarded.outcome == "forwarded"
-    assert [(r.partition, r.kind, r.key) for r in ingress.records.values()] == [
-        (1, MESSAGE, theirs.message_key("1.2"))
-    ]
+    expected = [(1, MESSAGE, theirs.message_key("1.2"))]
+    if not direct:  # every message through ingress, its owner's included
+        expected.insert(0, (0, MESSAGE, mine.message_key("1.1")))
+    assert [(r.partition, r.kind, r.key) for r in ingress.records.values()] == expected
 
     await eventually(lambda: has_texts(there, theirs, ["over there"]), "the owner to take it in")
-    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the record to be finished")
+    await eventually(lambda: has_texts(here, mine, ["hello"]), "this worker to take its own in")
+    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the records to be finished")
     assert await here.bridge.place_doc(theirs) is None  # never taken in by the worker it reached
+    assert await there.bridge.place_doc(mine) is None
     await there.settle()
     assert platform.texts(theirs) == ["answer to alice: over there"]
-    assert (a.forwarded, b.consumed) == (1, 1)
+    assert (a.forwarded, b.consumed) == (1 if direct else 2, 1)
+
+
+async def test_a_channels_messages_keep_their_order_whichever_worker_each_reached(
+    bots: BotFactory, routers: Any
+) -> None:
+    """The platform hands each event to a random worker: the owner must not take its own ahead of one that
+    was committed earlier by another worker and is still on its way."""
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    ingress.notify = False  # the other worker's records arrive only with the owner's next poll
+    owner = await bots(platform=platform)
+    other, mine = routers(ingress), routers(ingress, poll_interval=0.3)
+    mine.attach(platform)
+    await mine.add_partition(2, owner.bridge)
+    place = place_in(2)
+    texts = [f"m{i}" for i in range(6)]
+    for i, text in enumerate(texts):
+        await (other if i % 2 == 0 else mine).intake(message(place, f"8.{i + 10}", text))
+    await eventually(lambda: has_texts(owner, place, texts), "every message, in the order committed")
 
 
 async def test_a_message_arriving_directly_and_via_ingress_is_taken_in_once(
@@ -109,7 +131,7 @@ async def test_a_message_arriving_directly_and_via_ingress_is_taken_in_once(
 ) -> None:
     ingress, platform = MemoryIngress(), MemoryTransport()
     owner = await bots(platform=platform)
-    a, b = routers(ingress), routers(ingress)
+    a, b = routers(ingress), routers(ingress, direct_intake=True)
     a.attach(platform)
     b.attach(platform)
     await b.add_partition(2, owner.bridge)
@@ -311,7 +333,7 @@ async def test_every_partition_bridge_shares_the_routers_transports_and_governor
 ) -> None:
     ingress = MemoryIngress()
     first, second = await bots(), await bots()
-    router = routers(ingress)
+    router = routers(ingress, direct_intake=True)
     await router.add_partition(0, first.bridge)
     platform = MemoryTransport()
     router.attach(platform)  # attached after a partition was added
@@ -333,7 +355,7 @@ async def test_a_thread_belongs_to_its_channels_partition(bots: BotFactory, rout
     """A thread forks its channel's conversation in the same commit: both must be taken in by one owner."""
     ingress, platform = MemoryIngress(), MemoryTransport()
     owner = await bots(platform=platform)
-    router = routers(ingress)
+    router = routers(ingress, direct_intake=True)
     router.attach(platform)
     await router.add_partition(1, owner.bridge)
     channel = place_in(1)
