@@ -137,6 +137,7 @@ class Router:
     async def stop(self) -> dict[int, Bridge]:
         """Stop every consumer and listening; returns the bridges that were served (the caller stops them)."""
         self._unsubscribe()
+        self._unsubscribe = _nothing
         bridges: dict[int, Bridge] = {}
         for partition in list(self._bridges):
             bridges[partition] = await self.remove_partition(partition)
@@ -386,3 +387,7 @@ class Router:
                 log.warning("partition %d: catch-up on %s failed: %s", partition, platform, exc)
                 continue
             log.info("partition %d: caught up %d %s message(s)", partition, count, platform)
+
+
+def _nothing() -> None:
+    """An unsubscribe already done."""

@@ -348,7 +348,32 @@ async def test_every_partition_bridge_shares_the_routers_transports_and_governor
     assert await router.place_doc(place_in(0)) is not None
     await first.settle()
     await second.settle()
-    assert len(await router.recorded_message_ids()) == 0  # delivered replies are no longer tracked
+
+
+async def test_recorded_message_ids_are_those_of_every_owned_partition(
+    bots: BotFactory, routers: Any
+) -> None:
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    slow = {"platform": platform, "chunk_size": 1, "delay_ms": 40}  # replies stream for a while
+    first, second = await bots(**slow), await bots(**slow)
+    router = routers(ingress, direct_intake=True)
+    router.attach(platform)
+    await router.add_partition(0, first.bridge)
+    await router.add_partition(3, second.bridge)
+    await router.intake(message(place_in(0), "6.1", "tell me a long story"))
+    await router.intake(message(place_in(3), "6.1", "tell me another long story"))
+
+    async def both_posting() -> bool:
+        return bool(await first.bridge.recorded_message_ids()) and bool(
+            await second.bridge.recorded_message_ids()
+        )
+
+    await eventually(both_posting, "both replies to have a part posted")
+    recorded = await router.recorded_message_ids()
+    for place in (place_in(0), place_in(3)):
+        assert recorded & {m.id for m in platform.in_place(place)}, place
+    await router.stop()
+    await router.stop()  # idempotent
 
 
 async def test_a_thread_belongs_to_its_channels_partition(bots: BotFactory, routers: Any) -> None:
