@@ -35,7 +35,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from adapters.bridge.approvals import _STATUS_OF, Action, ClickOrigin, Decision, refusal
+from adapters.bridge.approvals import STATUS_OF, Action, ClickOrigin, Decision, refusal
 from adapters.bridge.bridge import Bridge
 from adapters.bridge.docs import WatchDoc
 from adapters.bridge.governor import RateGovernor
@@ -89,7 +89,7 @@ class Router:
         # of it (places the bridge has never seen, back to the adapter's look-back bound).
         self._catch_up_requests: dict[str, tuple[list[Place], str | None]] = {}
         self._unsubscribe = ingress.on_ingress(self._notified)
-        # Counters (metrics, tests): events committed for another worker, records taken in, records refused.
+        # Counters (metrics, tests): ingress records committed here, records taken in, records refused.
         self.forwarded = 0
         self.consumed = 0
         self.refused = 0
@@ -243,7 +243,7 @@ class Router:
             partition,
             "" if new else " (already forwarded)",
         )
-        return Decision(True, _STATUS_OF[action], click.user_name, forwarded=True)
+        return Decision(True, STATUS_OF[action], click.user_name, forwarded=True)
 
     async def recorded_message_ids(self) -> set[str]:
         recorded: set[str] = set()
@@ -378,10 +378,10 @@ class Router:
             if request is None:
                 continue  # the adapter has not caught up yet: its own catch-up covers this partition
             asked, first_after = request
-            places = await bridge.known_places(platform)
-            seen = set(places)
-            places += [p for p in asked if p not in seen and self.partition_of(p) == partition]
             try:
+                places = await bridge.known_places(platform)
+                seen = set(places)
+                places += [p for p in asked if p not in seen and self.partition_of(p) == partition]
                 count = await bridge.catch_up(transport, places, first_after=first_after)
             except Exception as exc:
                 log.warning("partition %d: catch-up on %s failed: %s", partition, platform, exc)
