@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -393,3 +394,21 @@ async def test_a_thread_belongs_to_its_channels_partition(bots: BotFactory, rout
     assert (await router.intake(message(channel, "1.0", "top"))).outcome == "answering"
     assert (await router.intake(message(thread, "1.5", "in the thread"))).outcome == "answering"
     assert not ingress.records
+
+
+async def test_watching_since_is_recorded_by_its_partitions_owner_and_read_elsewhere(
+    bots: BotFactory, routers: Any
+) -> None:
+    ingress = MemoryIngress()
+    bot = await bots()
+    watch = partition_of_key("memory:T1", PARTITIONS)
+    owner, reader, idle = routers(ingress), routers(ingress), routers(ingress)
+    before = int(time.time() * 1000)
+    assert await idle.watching_since("memory", "T1") >= before  # owns nothing, nothing recorded: now
+    await owner.add_partition(watch, bot.bridge)
+    since = await owner.watching_since("memory", "T1")
+    await asyncio.sleep(0.01)
+    assert await owner.watching_since("memory", "T1") == since  # recorded once
+    # Another worker reads it through any partition it owns (reads see the whole store; here: the same one).
+    await reader.add_partition((watch + 1) % PARTITIONS, Bridge(bot.harness))
+    assert await reader.watching_since("memory", "T1") == since
