@@ -119,16 +119,44 @@ _CONTENTS_FROM = (
 )
 
 
+# Shown instead of a URL whose password (or query) holds raw '#', '/', '?' or '@': any split of it may cut
+# the password in two, so no part of it is shown.
+MALFORMED_URL = "postgresql://(url hidden: percent-encode the special characters in its password)"
+
+
 def redact_url(dsn: str) -> str:
     """The DSN without its password (and without query parameters, which may carry one)."""
     try:
         parts = urlsplit(dsn)
     except ValueError:
         return "postgresql://(unparseable url)"
+    if parts.scheme not in ("postgresql", "postgres"):
+        return "(not a postgresql:// url)"
+    if url_is_ambiguous(dsn):
+        return MALFORMED_URL
     # The hosts as written (libpq's multi-host `db1:5432,db2:5432` has no single host or port to parse).
     hosts = parts.netloc.rpartition("@")[2]
     netloc = f"{parts.username}@{hosts}" if parts.username else hosts
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def url_is_ambiguous(dsn: str) -> bool:
+    """Does the URL hold a raw '#' or an '@' outside its user info? Then a password with unencoded special
+    characters may have been split (by us and by asyncpg) into host, path, query or fragment."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:  # e.g. a raw '[' read as an unclosed IPv6 address
+        return True
+    return bool(parts.fragment) or "#" in dsn or dsn.count("@") != parts.netloc.count("@")
+
+
+def url_secrets(dsn: str) -> list[str]:
+    """The password and any query parameter value of a DSN (a parseable one): what an error text must never
+    repeat."""
+    parts = urlsplit(dsn)
+    found = [parts.password or ""]
+    found += [value for _, _, value in (field.partition("=") for field in parts.query.split("&"))]
+    return [secret for secret in found if secret]
 
 
 def _json(record: BaseModel) -> bytes:

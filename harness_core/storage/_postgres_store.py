@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from harness_core.errors import StorageClosed, StorageCorrupt, StorageError, StorageRequestError
-from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres import PostgresStorage, redact_url, url_is_ambiguous, url_secrets
 from harness_core.storage._postgres_ingress import (
     FINISH_INGRESS,
     HEARTBEAT,
@@ -176,9 +176,9 @@ class PostgresStore:
                 server_settings={"application_name": _APP},
             )
         except _DRIVER_ERRORS as exc:
-            raise StorageError(f"cannot open storage {description}: {exc}") from exc
-        except ValueError as exc:  # a malformed DSN; asyncpg's message never includes the password
-            raise StorageError(f"storage url {description} is not valid: {exc}") from exc
+            raise StorageError(f"cannot open storage {description}: {_reason(exc, dsn)}") from exc
+        except ValueError as exc:  # a malformed DSN
+            raise StorageError(f"storage url {description} is not valid: {_reason(exc, dsn)}") from exc
 
         def connect(purpose: str) -> Any:
             # The renewal and LISTEN connections are the store's own (never from the pool), named for
@@ -478,6 +478,17 @@ class PostgresStore:
 
 
 _META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
+
+
+def _reason(exc: BaseException, dsn: str) -> str:
+    """asyncpg's error text, safe to show: it may quote a piece of the DSN (a port that was really part of a
+    raw password, a query field), so never for an ambiguous URL, and never with a password or query value."""
+    if url_is_ambiguous(dsn):
+        return "asyncpg could not use it (details hidden: they may hold part of the password)"
+    text = str(exc)
+    for secret in url_secrets(dsn):
+        text = text.replace(secret, "***")
+    return text
 
 
 async def _read_meta(conn: asyncpg.pool.PoolConnectionProxy, partition: int) -> StorageMeta:
