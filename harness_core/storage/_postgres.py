@@ -196,6 +196,9 @@ class PostgresStorage(SqlRecordReads):
         # commits pass it and set exact at close. A successor starts above it: nothing stored is minted twice.
         self._reserved = (meta.next_id, meta.last_seq)
         self._closed = False
+        # Held by a commit from its first check to its cached meta update, and by close() while it writes the
+        # exact meta: a close racing a commit must not store a next id below the ids that commit used.
+        self._writing = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -303,6 +306,10 @@ class PostgresStorage(SqlRecordReads):
         return [] if self._partition is None else [("partition = ?", self._partition)]
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
+        async with self._writing:
+            await self._commit(batches)
+
+    async def _commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
         if self._lease is None or self._partition is None:
             raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
@@ -548,27 +555,39 @@ class PostgresStorage(SqlRecordReads):
         )
         return changed(found)
 
+    async def _write_exact_meta(self, lease: Lease) -> None:
+        """Store the exact next id and seq instead of the reservation, after any commit in flight. Harmless to
+        skip (the reservation stays): on a slow or failed database this gives up after a few seconds."""
+        try:
+            await asyncio.wait_for(self._writing.acquire(), 5)
+        except TimeoutError:
+            return
+        try:
+            if not lease.valid():
+                return
+            with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
+                async with self._pool.acquire(timeout=5) as conn, conn.transaction():
+                    epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
+                    if epoch == lease.epoch:
+                        await conn.execute(
+                            "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
+                            lease.partition,
+                            self._next_id,
+                            self._last_seq,
+                        )
+        finally:
+            self._writing.release()
+
     async def close(self) -> None:
         """Write the exact meta (fenced), release the partition's lease at once (NOTIFY). The store's
         connections stay open, unless this handle came from `PostgresStorage.open` (then it closes them)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # no new commit starts; one in flight finishes first
         try:
             lease = self._lease
-            if lease is not None and lease.valid():
-                with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
-                    # Exact values instead of the reservation; harmless if it fails (the reservation stays).
-                    async with self._pool.acquire(timeout=5) as conn, conn.transaction():
-                        epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
-                        if epoch == lease.epoch:
-                            await conn.execute(
-                                "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
-                                lease.partition,
-                                self._next_id,
-                                self._last_seq,
-                            )
             if lease is not None:
+                await self._write_exact_meta(lease)
                 await lease.release()
         finally:
             self._store.forget(self)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 import asyncpg
@@ -41,6 +41,7 @@ from harness_core.storage._postgres_ingress import (
     WORKERS_CHANNEL,
     IngressRecord,
     WorkerInfo,
+    check_ingress_text,
     ingress_from_row,
     ingress_payload_text,
     worker_from_row,
@@ -394,12 +395,7 @@ class PostgresStore:
                 f"ingress partition {partition!r} is not one of this store's (0 to {self.partitions - 1})"
             )
         for name, value in (("kind", kind), ("key", key)):
-            if type(value) is not str or not value or "\x00" in value or not value.isprintable():
-                raise StorageRequestError(f"ingress {name} must be non-empty printable text, not {value!r}")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise StorageRequestError(f"ingress {name} {value!r} is not valid text") from None
+            check_ingress_text(name, value)
         text = ingress_payload_text(key, payload)
         row = await self._call(
             "put an ingress record", lambda conn: conn.fetchrow(PUT_INGRESS, key, partition, kind, text)
@@ -460,14 +456,15 @@ class PostgresStore:
             raise StorageError(f"storage {self.description}: {action} failed: {exc}") from exc
 
     async def close(self) -> None:
-        """Release the leases still held (best effort), stop renewing and listening, close the pool. Close
-        the partition handles first (their close writes their meta)."""
+        """Close the partition handles still open (each writes its meta and releases its lease), release the
+        resource leases, stop renewing and listening, close the pool. All best effort and concurrent: with the
+        database gone, closing 64 partitions takes one timeout, not 64."""
         if self._closed:
             return
         self._closed = True
         try:
-            for lease in self._renewer.held():
-                await lease.release()
+            await _quietly(handle.close() for handle in list(self._handles.values()))
+            await _quietly(lease.release() for lease in self._renewer.held())
             await self._renewer.close()
             await self._notifications.close()
         finally:
@@ -478,6 +475,15 @@ class PostgresStore:
 
 
 _META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
+
+
+async def _quietly(closing: Iterable[Awaitable[None]]) -> None:
+    """Await every close at once; one that fails is logged and does not stop the others."""
+    for outcome in await asyncio.gather(*closing, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            log.warning("closing storage: %s", outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _reason(exc: BaseException, dsn: str) -> str:
