@@ -25,8 +25,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -50,6 +51,10 @@ WHERE partition = $1 AND holder = $2 AND epoch = $3
 _WHO = """
 SELECT holder, pid, host, epoch, GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()))::float8
 FROM leases WHERE partition = $1
+"""
+_WHO_ALL = """
+SELECT partition, holder, pid, host, epoch, GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()))::float8
+FROM leases WHERE partition = ANY($1::int[]) AND holder IS NOT NULL AND expires_at > now()
 """
 # Standbys LISTEN here; a graceful release NOTIFYs, so they take over at once instead of at their next poll.
 RELEASED_CHANNEL = "durable_bots_lease_released"
@@ -79,6 +84,11 @@ async def who_holds(conn: asyncpg.Connection, partition: int) -> LeaseHolder | N
     row = await conn.fetchrow(_WHO, partition)
     if row is None or row[0] is None or row[4] <= 0:
         return None
+    return _holder(row)
+
+
+def _holder(row: Sequence[Any]) -> LeaseHolder:
+    """From (holder, pid, host, epoch, expires_in)."""
     return LeaseHolder(holder=row[0], pid=row[1], host=row[2], epoch=int(row[3]), expires_in=float(row[4]))
 
 
@@ -169,11 +179,7 @@ class Lease:
         with contextlib.suppress(LeaseLost):
             self.check()
 
-    async def lost_to_successor(self) -> None:
-        successor = None
-        with contextlib.suppress(Exception):
-            async with self._pool.acquire(timeout=2) as conn:
-                successor = await who_holds(conn, self.partition)
+    def taken_over(self, successor: LeaseHolder | None) -> None:
         by = f" by {successor.describe()}" if successor is not None else ""
         self.mark_lost(f"storage {self._description}: the lease was taken over{by}; this process stops")
 
@@ -240,33 +246,54 @@ class LeaseRenewer:
         try:
             while True:
                 await asyncio.sleep(wait)
-                leases = [lease for lease in self._leases.values() if not lease.lost.done()]
-                if not leases:
-                    wait = self.ttl / 3
-                    continue
-                sent = time.monotonic()
-                for lease in leases:  # past its validity: nothing to renew any more
-                    if sent >= lease._valid_until:
-                        lease.check_silently()
-                leases = [lease for lease in leases if not lease.lost.done()]
-                if not leases:
-                    continue
-                budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
+                wait = self.ttl / 3
                 try:
-                    renewed = await self._renew(leases, min(budget, self.ttl / 3))
+                    await self._renew_once()
                 except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
                     await self._drop_connection()
                     wait = min(self.ttl / 3, 0.5)  # retry soon: the leases are still valid for a while
-                    continue
-                for lease in leases:
-                    if lease.partition in renewed:
-                        lease.renewed(sent)
-                    elif self._leases.get(lease.partition) is lease and not lease.released:
-                        await lease.lost_to_successor()
-                wait = self.ttl / 3
+                except Exception:  # never end the renewal: every held lease would silently run out
+                    log.exception(
+                        "storage %s: lease renewal failed unexpectedly; retrying", self._description
+                    )
+                    await self._drop_connection()
+                    wait = min(self.ttl / 3, 0.5)
         finally:
             await self._drop_connection()
+
+    async def _renew_once(self) -> None:
+        sent = time.monotonic()
+        for lease in self._leases.values():  # past its validity: nothing to renew any more
+            if sent >= lease._valid_until:
+                lease.check_silently()
+        leases = [lease for lease in self._leases.values() if not lease.lost.done()]
+        if not leases:
+            return
+        budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
+        timeout = min(budget, self.ttl / 3)
+        renewed = await self._renew(leases, timeout)
+        gone = []
+        for lease in leases:
+            if lease.partition in renewed:
+                lease.renewed(sent)
+            elif self._leases.get(lease.partition) is lease and not lease.released:
+                gone.append(lease)
+        if gone:
+            successors = await self._successors([lease.partition for lease in gone], timeout)
+            for lease in gone:
+                lease.taken_over(successors.get(lease.partition))
+
+    async def _successors(self, partitions: list[int], timeout: float) -> dict[int, LeaseHolder]:
+        """Who took these leases, for the message only. Asked on the renewal connection, never the pool:
+        waiting for a busy pool would delay the next renewal of every other lease past its validity."""
+        conn = self._conn
+        if conn is None:
+            return {}
+        with contextlib.suppress(TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            rows = await conn.fetch(_WHO_ALL, partitions, timeout=timeout)
+            return {int(row[0]): _holder(row[1:]) for row in rows}
+        return {}
 
     async def _renew(self, leases: list[Lease], timeout: float) -> set[int]:
         if self._conn is None or self._conn.is_closed():
