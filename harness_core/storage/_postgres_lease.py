@@ -106,6 +106,13 @@ async def try_take(
     return current
 
 
+async def give_back(conn: asyncpg.Connection, partition: int, holder: str, epoch: int) -> None:
+    """Free a lease row if it is still this holder's at this epoch, and wake the standbys (NOTIFY)."""
+    status = await conn.execute(_RELEASE, partition, holder, epoch, timeout=2)
+    if status.split()[-1] != "0":
+        await conn.execute("SELECT pg_notify($1, $2)", RELEASED_CHANNEL, str(partition), timeout=2)
+
+
 class Lease:
     """A held lease (of a partition, or of a resource with a negative id). Renewed by its store's
     `LeaseRenewer` together with every other lease the store holds; `release()` frees it at once."""
@@ -190,14 +197,11 @@ class Lease:
         self._released = True
         if self._renewer is not None:
             self._renewer.discard(self)
-        if self._lost.done():
-            return
+        # Even a lease lost by our own clock: the row may still name us for a while (the server's expiry is
+        # later), blocking the partition for everyone. The epoch in the statement keeps a successor's lease.
         try:
             async with self._pool.acquire(timeout=2) as conn:
-                await conn.execute(_RELEASE, self.partition, self.holder, self.epoch, timeout=2)
-                await conn.execute(
-                    "SELECT pg_notify($1, $2)", RELEASED_CHANNEL, str(self.partition), timeout=2
-                )
+                await give_back(conn, self.partition, self.holder, self.epoch)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # The lease then simply expires after its ttl.
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
@@ -227,11 +231,11 @@ class LeaseRenewer:
         self._leases: dict[int, Lease] = {}
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._closed = False
 
     def add(self, lease: Lease) -> None:
         self._leases[lease.partition] = lease
-        if self._task is None:
+        if self._task is None and not self._closed:  # never a task nobody would cancel
             self._task = asyncio.create_task(self._loop(), name="postgres-lease-renewal")
 
     def discard(self, lease: Lease) -> None:
@@ -320,6 +324,7 @@ class LeaseRenewer:
 
     async def close(self) -> None:
         """Stop renewing (held leases then expire after their ttl unless released first)."""
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

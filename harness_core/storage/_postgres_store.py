@@ -51,6 +51,7 @@ from harness_core.storage._postgres_lease import (
     Lease,
     LeaseHolder,
     LeaseRenewer,
+    give_back,
     lease_error,
     new_holder_id,
     try_take,
@@ -240,6 +241,9 @@ class PostgresStore:
                     f"storage {self.description}: opening partition {partition} failed: {exc}"
                 ) from exc
             raise
+        if self._closed:  # closed while we read the meta: a handle nobody would close
+            await lease.release()
+            self._check()
         handle = PostgresStorage(self, partition, lease, meta, owns_store=False)
         self._handles[partition] = handle
         return handle
@@ -289,6 +293,10 @@ class PostgresStore:
         try:
             async with self.pool.acquire() as conn:
                 got = await try_take(conn, lease_id, self.holder, self.lease_ttl)
+                if self._closed and not isinstance(got, LeaseHolder):
+                    # The store closed while we waited: nobody would renew or release this lease.
+                    await give_back(conn, lease_id, self.holder, got[0])
+                    self._check()
         except _DRIVER_ERRORS as exc:
             raise StorageError(f"storage {self.description}: taking lease {lease_id} failed: {exc}") from exc
         if isinstance(got, LeaseHolder):

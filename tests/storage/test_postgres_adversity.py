@@ -209,11 +209,63 @@ async def test_a_holder_whose_renewals_stall_stops_trusting_every_lease_within_t
         await store.close()
 
 
-async def _untrusted(handle: PostgresStorage) -> None:
+async def _untrusted(handle: PostgresStorage, timeout: float = 3) -> None:
     async def untrusted() -> bool:
         return handle.not_ready() is not None
 
-    await until(untrusted, timeout=3)
+    await until(untrusted, timeout=timeout)
+
+
+async def test_a_lease_lost_by_our_own_clock_is_freed_at_once_when_closed(pg_url: str) -> None:
+    # A stalled renewal: by our clock the lease is lost, but the row still names us for a while (the server's
+    # expiry is later). Closing must free it at once (the release is fenced by the epoch, so it never frees a
+    # successor's lease), not leave the partition blocked for everyone until the row expires.
+    store = await PostgresStore.open(pg_url, partitions=2, lease_ttl=6)
+    other = await PostgresStore.open(pg_url, partitions=2, lease_ttl=6)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        handle = await open_handle(store, 1)
+        block = admin.transaction()
+        await block.start()
+        await admin.execute("SELECT * FROM leases WHERE partition = 1 FOR UPDATE")
+        await _untrusted(handle, timeout=8)
+        with pytest.raises(LeaseLost, match="not renewed in time"):
+            handle.check_owner()  # as the harness does before a platform write
+        await block.rollback()
+        assert (await other.leases())[1] is not None  # still ours by the server's clock
+        await handle.close()
+        assert (await other.leases())[1] is None
+        successor = await open_handle(other, 1)
+        await successor.close()
+    finally:
+        await admin.close()
+        await store.close()
+        await other.close()
+
+
+async def test_a_partition_taken_while_the_store_closes_is_given_back(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2, lease_ttl=30)
+    other = await PostgresStore.open(pg_url, partitions=2, lease_ttl=30)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        await (await open_handle(store, 1)).close()  # the lease row exists now
+        block = admin.transaction()
+        await block.start()
+        await admin.execute("SELECT * FROM leases WHERE partition = 1 FOR UPDATE")
+        opening = asyncio.create_task(store.open_partition(1))  # waits on the row lock
+        await until(lambda: _at_least(admin, 1))
+        closing = asyncio.create_task(store.close())
+        await asyncio.sleep(0.3)
+        await block.rollback()
+        with pytest.raises(StorageClosed):
+            await asyncio.wait_for(opening, 10)
+        await asyncio.wait_for(closing, 10)
+        assert (await other.leases())[1] is None
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "postgres-lease-renewal"]
+    finally:
+        await admin.close()
+        await store.close()
+        await other.close()
 
 
 async def test_closing_the_store_closes_its_open_handles(pg_url: str) -> None:
