@@ -72,6 +72,10 @@ class Notifications:
                 log.warning("storage %s: cannot LISTEN (%s); retrying", self._description, exc)
                 await asyncio.sleep(RECONNECT_EVERY)
                 continue
+            except Exception:  # never end listening: every wake-up would then wait for a poll
+                log.exception("storage %s: cannot LISTEN; retrying", self._description)
+                await asyncio.sleep(RECONNECT_EVERY)
+                continue
             closed = asyncio.Event()
             conn.add_termination_listener(_setter(closed))
             try:
@@ -89,6 +93,8 @@ class Notifications:
                 log.warning("storage %s: the LISTEN connection was lost; reconnecting", self._description)
             except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("storage %s: LISTEN failed (%s); reconnecting", self._description, exc)
+            except Exception:
+                log.exception("storage %s: LISTEN failed; reconnecting", self._description)
             finally:
                 self._conn = None
                 self._up.clear()

@@ -460,6 +460,35 @@ async def test_a_raising_ingress_callback_and_a_dropped_listen_connection_lose_n
         await other.close()
 
 
+async def test_an_unexpected_listen_error_is_retried_and_never_ends_listening(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=2)
+    other = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        notifications = owner._notifications
+        real_connect = notifications._connect
+        calls = 0
+
+        async def flaky() -> asyncpg.Connection:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("a driver bug")
+            return await real_connect()
+
+        notifications._connect = flaky  # type: ignore[method-assign]
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        assert "cannot LISTEN" in caplog.text
+        assert await other.put_ingress(1, "message", "k", {})
+        assert await asyncio.wait_for(woken.get(), 5) == 1
+    finally:
+        await owner.close()
+        await other.close()
+
+
 # --- secrets ------------------------------------------------------------------------------------------------
 
 # Unencoded special characters in a password (an operator pasting it raw): '#', '/', '?' and '@' each make
