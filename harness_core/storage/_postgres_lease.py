@@ -52,10 +52,6 @@ _WHO = """
 SELECT holder, pid, host, epoch, GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()))::float8
 FROM leases WHERE partition = $1
 """
-_WHO_ALL = """
-SELECT partition, holder, pid, host, epoch, GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()))::float8
-FROM leases WHERE partition = ANY($1::int[]) AND holder IS NOT NULL AND expires_at > now()
-"""
 # Standbys LISTEN here; a graceful release NOTIFYs, so they take over at once instead of at their next poll.
 RELEASED_CHANNEL = "durable_bots_lease_released"
 # The fence, run first in every commit transaction.
@@ -207,19 +203,45 @@ class Lease:
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
 
 
-# Every lease a store holds, renewed by one statement (`leases` spelled first: operators grep for it).
+# Every lease a store holds, renewed by one statement. A commit holds its lease row FOR SHARE (the fence)
+# until it ends, so the update skips rows locked now instead of waiting: one slow commit must not hold back
+# the renewal of every other partition. For each lease the answer says whether it was renewed, and, from the
+# statement's snapshot, whether the row is still ours (a skipped row of ours is busy, not lost: nobody can
+# take it while our commit holds it) or who holds it now.
 _RENEW_ALL = """
-UPDATE leases SET expires_at = now() + make_interval(secs => $3)
-FROM unnest($1::int[], $2::bigint[]) AS h(partition, epoch)
-WHERE leases.partition = h.partition AND leases.epoch = h.epoch AND leases.holder = $4
-RETURNING leases.partition
+WITH held AS (SELECT * FROM unnest($1::int[], $2::bigint[]) AS h(partition, epoch)),
+free AS (
+    SELECT l.partition FROM leases l JOIN held h ON l.partition = h.partition AND l.epoch = h.epoch
+    WHERE l.holder = $4 FOR NO KEY UPDATE OF l SKIP LOCKED
+),
+renewed AS (
+    UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+    WHERE partition IN (SELECT partition FROM free) RETURNING partition
+)
+SELECT h.partition, h.partition IN (SELECT partition FROM renewed), l.holder = $4 AND l.epoch = h.epoch,
+    l.holder, l.pid, l.host, l.epoch, GREATEST(0, EXTRACT(EPOCH FROM l.expires_at - now()))::float8
+FROM held h LEFT JOIN leases l ON l.partition = h.partition
 """
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """One lease's outcome of a renewal round."""
+
+    renewed: bool
+    ours: bool  # the row still names us at our epoch (when not renewed: a commit of ours holds it)
+    holder: LeaseHolder | None  # who holds it otherwise (None: nobody, or released)
+
+
+def _renewal(row: Sequence[Any]) -> Renewal:
+    holder = _holder(row[3:]) if row[3] is not None and not row[2] else None
+    return Renewal(renewed=bool(row[1]), ours=bool(row[2]), holder=holder)
 
 
 class LeaseRenewer:
     """Renews every lease of one store (one holder) with one statement on one connection of its own, every
     `ttl / 3`: 64 partitions cost one connection and one round trip, and busy readers can never starve a
-    renewal. A lease missing from the answer was taken over: it is marked lost."""
+    renewal. A lease whose row names someone else now was taken over: it is marked lost."""
 
     def __init__(
         self, connect: Callable[[], Awaitable[asyncpg.Connection]], description: str, holder: str, ttl: float
@@ -252,7 +274,8 @@ class LeaseRenewer:
                 await asyncio.sleep(wait)
                 wait = self.ttl / 3
                 try:
-                    await self._renew_once()
+                    if await self._renew_once():
+                        wait = min(self.ttl / 10, 0.5)  # try the busy rows again soon
                 except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
                     await self._drop_connection()
@@ -266,40 +289,29 @@ class LeaseRenewer:
         finally:
             await self._drop_connection()
 
-    async def _renew_once(self) -> None:
+    async def _renew_once(self) -> bool:
+        """One round; True when a lease could not be renewed because a commit of ours held its row."""
         sent = time.monotonic()
         for lease in self._leases.values():  # past its validity: nothing to renew any more
             if sent >= lease._valid_until:
                 lease.check_silently()
         leases = [lease for lease in self._leases.values() if not lease.lost.done()]
         if not leases:
-            return
+            return False
         budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
-        timeout = min(budget, self.ttl / 3)
-        renewed = await self._renew(leases, timeout)
-        gone = []
+        outcomes = await self._renew(leases, min(budget, self.ttl / 3))
+        busy = False
         for lease in leases:
-            if lease.partition in renewed:
+            outcome = outcomes.get(lease.partition, Renewal(renewed=False, ours=False, holder=None))
+            if outcome.renewed:
                 lease.renewed(sent)
+            elif outcome.ours:
+                busy = True
             elif self._leases.get(lease.partition) is lease and not lease.released:
-                gone.append(lease)
-        if gone:
-            successors = await self._successors([lease.partition for lease in gone], timeout)
-            for lease in gone:
-                lease.taken_over(successors.get(lease.partition))
+                lease.taken_over(outcome.holder)
+        return busy
 
-    async def _successors(self, partitions: list[int], timeout: float) -> dict[int, LeaseHolder]:
-        """Who took these leases, for the message only. Asked on the renewal connection, never the pool:
-        waiting for a busy pool would delay the next renewal of every other lease past its validity."""
-        conn = self._conn
-        if conn is None:
-            return {}
-        with contextlib.suppress(TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            rows = await conn.fetch(_WHO_ALL, partitions, timeout=timeout)
-            return {int(row[0]): _holder(row[1:]) for row in rows}
-        return {}
-
-    async def _renew(self, leases: list[Lease], timeout: float) -> set[int]:
+    async def _renew(self, leases: list[Lease], timeout: float) -> dict[int, Renewal]:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncio.wait_for(self._connect(), timeout)
         conn = self._conn
@@ -312,7 +324,7 @@ class LeaseRenewer:
             self.holder,
             timeout=timeout,
         )
-        return {int(row[0]) for row in rows}
+        return {int(row[0]): _renewal(row) for row in rows}
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

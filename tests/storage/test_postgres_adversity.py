@@ -110,6 +110,34 @@ async def test_a_takeover_seen_while_the_pool_is_busy_costs_only_that_partition(
         await new_store.close()
 
 
+async def test_a_slow_commit_on_one_partition_does_not_cost_the_others_their_leases(pg_url: str) -> None:
+    # Each commit holds its lease row FOR SHARE (the fence) until it ends, and the one renewal statement
+    # updates every row the store holds: it must not wait for a slow commit, or every partition of the worker
+    # would run out because of one.
+    store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        slow, other = await open_handle(store, 1), await open_handle(store, 2)
+        block = admin.transaction()
+        await block.start()
+        await admin.execute("SELECT * FROM meta WHERE partition = 1 FOR UPDATE")  # the commit waits here
+        commit = asyncio.create_task(
+            slow.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
+        )
+        await until(lambda: _at_least(admin, 1))
+        await asyncio.sleep(2.5)  # longer than the ttl
+        assert other.lease is not None and other.lease.valid(), other.not_ready()
+        await other.commit([CommitBatch(seq=1, next_id=10, conversations=[Conversation(id=6)])])
+        await block.rollback()
+        await asyncio.wait_for(commit, 5)  # the fence held the row: still ours, so the commit lands
+        assert await other.conversation(5) is not None
+        await slow.close()
+        await other.close()
+    finally:
+        await admin.close()
+        await store.close()
+
+
 async def test_a_dropped_renewal_connection_is_replaced_and_the_leases_stay_ours(pg_url: str) -> None:
     store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5)
     admin = await asyncpg.connect(pg_url)
