@@ -268,6 +268,7 @@ class PostgresStore:
                     return got
                 if on_standby is None:
                     raise lease_error(self.description, got)
+                self._check()  # closed while we asked: wait for nothing
                 if unsubscribe is None:
                     unsubscribe = self._notifications.subscribe(RELEASED_CHANNEL, wake)
                     await self._notifications.ready()

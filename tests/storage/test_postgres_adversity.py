@@ -296,6 +296,37 @@ async def test_a_partition_taken_while_the_store_closes_is_given_back(pg_url: st
         await other.close()
 
 
+async def test_a_standby_wait_ended_by_closing_the_store_leaves_no_listener(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2, lease_ttl=30)
+    other = await PostgresStore.open(pg_url, partitions=2, lease_ttl=30)
+    admin = await asyncpg.connect(pg_url)
+    try:
+        held = await open_handle(other, 1)
+        block = admin.transaction()
+        await block.start()
+        await admin.execute("SELECT * FROM leases WHERE partition = 1 FOR UPDATE")
+        waiting = asyncio.create_task(store.wait_partition(1, lambda _holder: None))  # blocks on the row
+        await until(lambda: _at_least(admin, 1))
+        closing = asyncio.create_task(store.close())
+        await asyncio.sleep(0.3)
+        await block.rollback()  # the take finds the lease held: it would start waiting for its release
+        with pytest.raises(StorageClosed):
+            await asyncio.wait_for(waiting, 5)
+        await asyncio.wait_for(closing, 10)
+        await asyncio.sleep(0.5)
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "postgres-listen"]
+        listeners = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'durable-bots listen' AND datname = current_database()"
+        )
+        assert listeners == 0
+        await held.close()
+    finally:
+        await admin.close()
+        await store.close()
+        await other.close()
+
+
 async def test_closing_the_store_closes_its_open_handles(pg_url: str) -> None:
     store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=30)
     other = await PostgresStore.open(pg_url, partitions=4, lease_ttl=30)
