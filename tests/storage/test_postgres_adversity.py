@@ -11,6 +11,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness_core.errors import LeaseLost, StorageClosed, StorageError, StorageRequestError, StrictJsonError
 from harness_core.records import Conversation, Task, TaskState
@@ -573,3 +575,14 @@ async def test_a_password_with_raw_special_characters_never_shows(
 
 def test_a_dsn_that_is_not_a_url_is_not_shown() -> None:
     assert redact_url("host=db password=Zq9Wv4x") == "(not a postgresql:// url)"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    password=st.text(st.sampled_from("ABCDEFXYZ#/?@:[]%&= "), min_size=1, max_size=16),
+    query=st.sampled_from(["", "?sslmode=require", "?password=QUERYSECRET", "#frag"]),
+)
+def test_no_part_of_a_raw_password_is_ever_shown(password: str, query: str) -> None:
+    # Passwords of capitals and URL delimiters, everything else lower case: any capital shown is a leak.
+    shown = redact_url(f"postgresql://bot:{password}@db-1.example:5432/ops{query}")
+    assert not any(c.isupper() for c in shown), shown
