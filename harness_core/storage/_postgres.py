@@ -199,6 +199,8 @@ class PostgresStorage(SqlRecordReads):
         # Held by a commit from its first check to its cached meta update, and by close() while it writes the
         # exact meta: a close racing a commit must not store a next id below the ids that commit used.
         self._writing = asyncio.Lock()
+        # After a commit whose outcome is unknown the exact meta is unknown too: close keeps the reservation.
+        self._outcome_unknown = False
 
     @classmethod
     async def open(
@@ -342,6 +344,7 @@ class PostgresStorage(SqlRecordReads):
         except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
             raise StorageError(f"storage {self._description}: commit failed: {exc}") from exc
         except _DRIVER_ERRORS as exc:
+            self._outcome_unknown = True  # it may have landed: the cached next id may be below its ids
             raise StorageError(
                 f"storage {self._description}: commit failed (outcome unknown): {exc}"
             ) from exc
@@ -563,7 +566,7 @@ class PostgresStorage(SqlRecordReads):
         except TimeoutError:
             return
         try:
-            if not lease.valid():
+            if not lease.valid() or self._outcome_unknown:
                 return
             with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
                 async with self._pool.acquire(timeout=5) as conn, conn.transaction():

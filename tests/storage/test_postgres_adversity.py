@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pg_commit_cutter import CommitCutter
 
 from harness_core.errors import LeaseLost, StorageClosed, StorageError, StorageRequestError, StrictJsonError
 from harness_core.records import Conversation, Task, TaskState
@@ -82,6 +83,33 @@ async def test_a_close_racing_a_commit_never_lowers_the_stored_next_id(pg_url: s
     finally:
         await admin.close()
         await store.close()
+
+
+async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id(pg_url: str) -> None:
+    # The connection drops after the server committed but before the answer: the handle cannot know the
+    # commit landed. Its close must not then store its stale exact next id below the ids that commit used
+    # (the harness closes the storage after such a failure; a successor would mint those ids again).
+    cutter = CommitCutter(pg_url)
+    store = await PostgresStore.open(await cutter.start(), partitions=4, lease_ttl=30)
+    try:
+        handle = await open_handle(store, 1)
+        cutter.armed = True
+        with pytest.raises(StorageError, match="outcome unknown"):
+            await handle.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
+        assert cutter.cut == 1
+        await handle.close()
+        check = await PostgresStore.open(pg_url, partitions=4)
+        try:
+            assert (await check.read_meta(1)).next_id >= 9
+            successor = await open_handle(check, 1)
+            assert await successor.conversation(5) is not None  # it did land
+            assert (await successor.meta()).next_id >= 9
+            await successor.close()
+        finally:
+            await check.close()
+    finally:
+        await store.close()
+        await cutter.close()
 
 
 async def _at_least(admin: asyncpg.Connection, waiting: int) -> bool:
