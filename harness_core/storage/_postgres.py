@@ -336,6 +336,8 @@ class PostgresStorage(SqlRecordReads):
                     conn.terminate()
                     raise
         except asyncio.CancelledError:
+            # The COMMIT may still land after this read (it was on its way): close keeps the reservation.
+            self._outcome_unknown = True
             with contextlib.suppress(Exception):
                 await self._resync_meta()
             raise

@@ -1,6 +1,7 @@
 """A TCP proxy in front of the test cluster that makes a commit's outcome unknown to the client while the commit
 lands: armed, it passes the next COMMIT to the server, drops the server's answer and then cuts the client's
-connection (a network failure at the worst moment)."""
+connection (a network failure at the worst moment). With `hold`, it first keeps the COMMIT that long (the
+client gives up meanwhile) and passes it on afterwards: the commit lands after the client stopped waiting."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class CommitCutter:
         self._listener: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.armed = False
+        self.hold = 0.0  # seconds to keep the COMMIT before passing it on
+        self.holding = asyncio.Event()  # set while a COMMIT is held
         self.cut = 0  # connections cut so far
 
     async def start(self) -> str:
@@ -65,6 +68,10 @@ class CommitCutter:
             if cut_here:
                 self.armed = False
                 cutting.set()  # from now on nothing reaches the client
+                if self.hold:
+                    self.holding.set()
+                    await asyncio.sleep(self.hold)
+                    self.holding.clear()
             server_w.write(data)
             await server_w.drain()
             if cut_here:

@@ -112,6 +112,37 @@ async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id
         await cutter.close()
 
 
+async def test_a_cancelled_commit_that_lands_later_never_lowers_the_stored_next_id(pg_url: str) -> None:
+    # Cancelled while its COMMIT is on the way: the handle drops the connection and reads the stored meta back,
+    # but the COMMIT can still land after that read. Close must then keep the reservation, not the meta read.
+    cutter = CommitCutter(pg_url)
+    store = await PostgresStore.open(await cutter.start(), partitions=4, lease_ttl=30)
+    try:
+        handle = await open_handle(store, 1)
+        cutter.armed, cutter.hold = True, 1.0
+        commit = asyncio.create_task(
+            handle.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
+        )
+        await asyncio.wait_for(cutter.holding.wait(), 5)
+        commit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await commit
+        await asyncio.sleep(1.5)  # the held COMMIT lands now
+        assert cutter.cut == 1
+        await handle.close()
+        check = await PostgresStore.open(pg_url, partitions=4)
+        try:
+            successor = await open_handle(check, 1)
+            assert await successor.conversation(5) is not None  # it did land
+            assert (await successor.meta()).next_id >= 9
+            await successor.close()
+        finally:
+            await check.close()
+    finally:
+        await store.close()
+        await cutter.close()
+
+
 async def _at_least(admin: asyncpg.Connection, waiting: int) -> bool:
     return await waiting_on_locks(admin) >= waiting
 
