@@ -432,8 +432,8 @@ class PostgresStore:
         many. Their keys are then free again: keep them longer than any platform redelivers an event (Slack
         retries for minutes; a day is plenty)."""
         self._check()
-        if finished_for < 0:
-            raise ValueError(f"finished_for must not be negative, not {finished_for!r}")
+        if not 0 <= finished_for < 10**12:  # NaN and infinity too: no int of milliseconds
+            raise ValueError(f"finished_for must be a number of seconds >= 0, not {finished_for!r}")
         status = await self._call(
             "prune ingress", lambda conn: conn.execute(PRUNE_INGRESS, int(finished_for * 1000))
         )

@@ -542,6 +542,9 @@ async def test_hostile_ingress_input_gets_clear_errors_and_big_payloads_round_tr
                 await store.put_ingress(0, "message", bad, {})
         assert await store.pending_ingress([]) == []
         await store.finish_ingress(10**12)  # unknown: nothing happens
+        for bad_age in (float("inf"), float("nan"), -1.0):
+            with pytest.raises(ValueError, match="finished_for must be a number of seconds"):
+                await store.prune_ingress(finished_for=bad_age)
         assert [r.key for r in await store.pending_ingress([0, 1])] == ["slack:huge"]
     finally:
         await store.close()
