@@ -429,6 +429,41 @@ async def test_many_commits_on_many_partitions_through_a_tiny_pool_finish(pg_url
         await store.close()
 
 
+async def test_a_closed_store_leaves_no_connection_behind(pg_url: str) -> None:
+    admin = await asyncpg.connect(pg_url)
+
+    async def ours() -> int:
+        return int(
+            await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'durable-bots%' AND datname = current_database()"
+            )
+        )
+
+    try:
+        store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5, pool_size=3)
+        with pytest.raises(StorageError, match="has 4 partitions, not 2"):
+            await PostgresStore.open(pg_url, partitions=2)  # refused: closes what it opened
+        handles = [await open_handle(store, p) for p in range(4)]
+        await store.take_resource(-1)
+        store.on_ingress(lambda _partition: None)
+        await store.listening()
+        await store.heartbeat()
+        await asyncio.gather(*(h.commit([CommitBatch(seq=1, next_id=40)]) for h in handles))
+        await asyncio.sleep(0.6)  # a renewal round
+        assert await ours() >= 3  # pool, renewal, listen
+        await handles[0].close()
+        await store.close()
+
+        async def none_left() -> bool:
+            return await ours() == 0
+
+        await until(none_left)
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("postgres-")]
+    finally:
+        await admin.close()
+
+
 # --- store shape and migration -------------------------------------------------------------------------------
 
 
