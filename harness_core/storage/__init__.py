@@ -14,11 +14,13 @@ from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
 from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres_balance import Balancer, Resources, assign
 from harness_core.storage._postgres_lease import Lease, LeaseHolder
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
 from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
+    "Balancer",
     "CommitBatch",
     "CopyReport",
     "DocChange",
@@ -32,9 +34,11 @@ __all__ = [
     "OperatorRequests",
     "Order",
     "PostgresStorage",
+    "Resources",
     "SqliteStorage",
     "Storage",
     "StorageMeta",
+    "assign",
     "copy_sqlite_to_postgres",
     "redact_url",
 ]
