@@ -115,7 +115,12 @@ class Balancer:
         grace: float = 5.0,
         handover_per_tick: int = 4,
         on_owned_changed: Callable[[int], None] | None = None,
+        membership: bool = True,
+        holds_partition: Callable[[], bool] | None = None,
     ) -> None:
+        """`membership=False`: a second balancer of the same worker (e.g. over Discord shards, started once the
+        shard count is known) that neither heartbeats nor leaves: the partition balancer does.
+        `holds_partition`: whether this worker owns a partition now (default: one of this balancer's)."""
         self.store = store
         self.families = list(families)
         self.on_gain = on_gain
@@ -124,6 +129,8 @@ class Balancer:
         self.grace = grace
         self.handover_per_tick = handover_per_tick
         self.on_owned_changed = on_owned_changed
+        self.membership = membership
+        self.holds_partition = holds_partition or (lambda: bool(self.partitions))
         self.owned: dict[int, Any] = {}  # resource -> claim, in the order taken
         self.draining = False
         self._family_of = {rid: family for family in self.families for rid in family.ids}
@@ -167,7 +174,8 @@ class Balancer:
         """One tick: drop lost claims, heartbeat, then take, hand over and rescue as the module says."""
         self.ticks += 1
         await self._drop_lost()
-        await self.store.heartbeat(draining=self.draining)
+        if self.membership:
+            await self.store.heartbeat(draining=self.draining)
         if self.draining:
             return
         workers = await self.store.live_workers()
@@ -176,7 +184,7 @@ class Balancer:
         holding = {rid: _holder_name(value) for rid, value in leases.items()}
         with_partitions = sorted(
             {name for rid, name in holding.items() if rid >= 0 and name is not None and name in live}
-            | ({self.store.holder} if self.partitions else set())
+            | ({self.store.holder} if self.holds_partition() else set())
         )
         now = time.monotonic()
         handed = 0
@@ -195,7 +203,7 @@ class Balancer:
                 if holding.get(rid) is not None:
                     self._free_since.pop(rid, None)
                     continue
-                if family.needs_partition and not self.partitions:
+                if family.needs_partition and not self.holds_partition():
                     continue  # a standby takes no platform resource
                 first_free = self._free_since.setdefault(rid, now)
                 if target == self.store.holder or now - first_free >= self.grace:
@@ -250,15 +258,17 @@ class Balancer:
                 await self._task
             self._task = None
         self.draining = True
-        with contextlib.suppress(Exception):
-            await self.store.heartbeat(draining=True)
+        if self.membership:
+            with contextlib.suppress(Exception):
+                await self.store.heartbeat(draining=True)
         for rid in list(self.owned):
             await self._lose(rid)
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        with contextlib.suppress(Exception):
-            await self.store.leave()
+        if self.membership:
+            with contextlib.suppress(Exception):
+                await self.store.leave()
 
 
 def _holder_name(value: Any) -> str | None:

@@ -192,3 +192,54 @@ async def test_one_lost_lease_closes_only_that_partition() -> None:
     assert worker.running == {0, 1, 3}
     await worker.balancer.stop()
     assert db.owners() == {2: "thief"}
+
+
+async def test_shards_go_only_to_workers_that_own_a_partition() -> None:
+    """Discord shards: a worker without a partition is a standby and connects to no platform."""
+    db = FakeDatabase()
+    parts, shards = range(1), tuple(-1 - s for s in range(4))
+    workers = [Worker(db, f"w{i}", parts) for i in range(3)]
+    for worker in workers:
+        await worker.balancer.start()
+    await until(lambda: balanced(db, workers, parts))
+    owner = next(w for w in workers if w.running)
+    shard_runs: dict[str, set[int]] = {w.store.holder: set() for w in workers}
+
+    def shard_balancer(worker: Worker) -> Balancer:
+        async def gain(shard: int, claim: FakeClaim) -> None:
+            shard_runs[worker.store.holder].add(shard)
+
+        async def lose(shard: int, claim: FakeClaim) -> None:
+            shard_runs[worker.store.holder].discard(shard)
+            db.release(claim)
+
+        family = Resources(
+            ids=shards,
+            take=worker.store.take,
+            is_claim=lambda claim: isinstance(claim, FakeClaim),
+            lost_of=lambda claim: claim.lost,
+            needs_partition=True,
+        )
+        return Balancer(
+            worker.store,
+            [family],
+            on_gain=gain,
+            on_lose=lose,
+            tick=0.02,
+            grace=0.1,
+            membership=False,
+            holds_partition=lambda: bool(worker.running),
+        )
+
+    balancers = [shard_balancer(w) for w in workers]
+    for balancer in balancers:
+        await balancer.start()
+    await until(lambda: shard_runs[owner.store.holder] == set(shards))
+    await asyncio.sleep(0.3)  # past the grace: the standbys still take none
+    assert all(not runs for name, runs in shard_runs.items() if name != owner.store.holder)
+    for balancer in balancers:
+        await balancer.stop()
+    assert {r for r in db.owners() if r < 0} == set()
+    assert all(w.store.holder in db.workers for w in workers)  # the shard balancers leave membership alone
+    for worker in workers:
+        await worker.balancer.stop()
