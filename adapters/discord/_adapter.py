@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import discord
 
-from adapters.bridge import Bridge, ClickOrigin, Place
+from adapters.bridge import BridgeLike, ClickOrigin, Place
 from adapters.bridge.approvals import Action
 from adapters.discord._components import ApprovalButton
 from adapters.discord._endpoints import override_endpoints
@@ -100,7 +100,7 @@ class DiscordAdapter:
     def __init__(self, settings: DiscordSettings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock  # Unix seconds, for the age of messages; tests pass the fake Discord's clock
-        self.bridge: Bridge | None = None
+        self.bridge: BridgeLike | None = None
         self.client: _Client | None = None
         self.transport: DiscordTransport | None = None
         self.converter: Converter | None = None
@@ -135,7 +135,7 @@ class DiscordAdapter:
         intents.message_content = self.settings.options.message_content
         return intents
 
-    async def start(self, bridge: Bridge) -> None:
+    async def start(self, bridge: BridgeLike) -> None:
         if self.client is not None:
             raise RuntimeError("DiscordAdapter.start() was already called")
         options = self.settings.options
