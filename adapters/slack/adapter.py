@@ -153,6 +153,12 @@ class SlackAdapter:
         """Socket Mode: connections opened, reconnects, stale (deaf) connections detected (a copy)."""
         return self._health.copy()
 
+    @property
+    def socket_refused(self) -> bool:
+        """Socket Mode: Slack refused this worker's connection because the app already holds ten (one per
+        worker); it keeps asking slowly and takes no Slack events until a slot frees."""
+        return self._socket is not None and self._socket.refused
+
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self, bridge: BridgeLike) -> None:
@@ -456,7 +462,7 @@ class SlackAdapter:
             ) from None
         except TransportError as exc:
             log.warning("Slack: apps.connections.open failed (%s); retrying", exc)
-        await client.connect()
+        await client.connect()  # type: ignore[no-untyped-call]
 
     async def _on_socket_request(self, client: Any, req: Any) -> None:
         # slack-sdk runs each envelope in a task it keeps no reference to: hold one, and drain them at stop().
