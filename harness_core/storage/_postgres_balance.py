@@ -15,8 +15,10 @@ says a lease was released or a worker joined or left) it renews its worker row, 
 - hands over (drain: `on_lose`, which closes the partition's runtime and so releases its lease) the ones it
   holds that are assigned to another live worker, at most `handover_per_tick` per tick, so a join moves load
   gradually instead of stopping every partition at once;
-- takes any resource left free longer than `grace` seconds, whoever it is assigned to (its assignee is slow,
-  stuck or gone), so nothing stays unowned;
+- takes any resource left free longer than `grace` seconds, whoever it is assigned to (its assignee is alive
+  but slow or stuck), so nothing stays unowned, and keeps it for a few graces before handing it back. The grace
+  should exceed the ttl: a dead worker's row expires within the ttl, and then its resources are simply
+  assigned to the live workers;
 - drops a resource whose lease was lost (paused past the ttl, cut off from the database): `on_lose` closes
   its runtime, which writes nothing more since its lease is no longer valid.
 
@@ -62,8 +64,11 @@ def assign(resources: Collection[int], workers: Collection[str]) -> dict[int, st
 
 
 class Worker(Protocol):
-    holder: str
-    draining: bool
+    @property
+    def holder(self) -> str: ...
+
+    @property
+    def draining(self) -> bool: ...
 
 
 class BalanceStore(Protocol):
@@ -135,6 +140,7 @@ class Balancer:
         self.draining = False
         self._family_of = {rid: family for family in self.families for rid in family.ids}
         self._free_since: dict[int, float] = {}
+        self._rescued: dict[int, tuple[str, float]] = {}  # resource -> (assignee that left it free, when)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -196,7 +202,12 @@ class Balancer:
                 target = assignee(rid, among)
                 if rid in self.owned:
                     self._free_since.pop(rid, None)
-                    if target is not None and target != self.store.holder and handed < self.handover_per_tick:
+                    if (
+                        target is not None
+                        and target != self.store.holder
+                        and handed < self.handover_per_tick
+                        and not self._gave_up_on(rid, target, now)
+                    ):
                         handed += 1
                         await self._lose(rid)
                     continue
@@ -206,27 +217,42 @@ class Balancer:
                 if family.needs_partition and not self.holds_partition():
                     continue  # a standby takes no platform resource
                 first_free = self._free_since.setdefault(rid, now)
-                if target == self.store.holder or now - first_free >= self.grace:
+                if target == self.store.holder:
                     await self._gain(rid, family)
+                elif now - first_free >= self.grace and await self._gain(rid, family) and target is not None:
+                    # Its assignee is alive (its row is fresh) yet does not take it: keep it a while rather
+                    # than hand it straight back (a dead worker's row expires within the ttl, before this).
+                    self._rescued[rid] = (target, now)
 
-    async def _gain(self, rid: int, family: Resources) -> None:
+    def _gave_up_on(self, rid: int, target: str, now: float) -> bool:
+        """Did `target` leave `rid` free past the grace lately (then we keep it for a while)?"""
+        rescued = self._rescued.get(rid)
+        if rescued is None:
+            return False
+        if rescued[0] != target or now - rescued[1] >= self.grace * 3:
+            del self._rescued[rid]
+            return False
+        return True
+
+    async def _gain(self, rid: int, family: Resources) -> bool:
         try:
             claim = await family.take(rid)
         except Exception as exc:
             log.warning("taking partition %s failed (%s); retrying", rid, exc)
-            return
+            return False
         if not family.is_claim(claim):
             self._free_since.pop(rid, None)  # someone else was quicker
-            return
+            return False
         self._free_since.pop(rid, None)
         try:
             await self.on_gain(rid, claim)
         except Exception:
             log.exception("opening partition %s failed; retrying later", rid)
-            return
+            return False
         self.owned[rid] = claim
         family.lost_of(claim).add_done_callback(lambda _: self.wake())
         self._changed()
+        return True
 
     async def _lose(self, rid: int) -> None:
         claim = self.owned.pop(rid)
