@@ -63,6 +63,23 @@ def assign(resources: Collection[int], workers: Collection[str]) -> dict[int, st
     return {resource: assignee(resource, workers) or "" for resource in resources}
 
 
+def assign_bounded(resources: Collection[int], workers: Collection[str]) -> dict[int, str]:
+    """Rendezvous with bounded load, for a few big resources (Discord shards): in resource order, each goes to
+    its highest-weight worker that has fewer than ceil(resources / workers) already, so 2 shards over 2 workers
+    land on both. Deterministic like `assign`; it moves more on a join, which few resources can afford."""
+    if not workers:
+        return {}
+    capacity = -(-len(resources) // len(workers))
+    load = dict.fromkeys(workers, 0)
+    found: dict[int, str] = {}
+    for resource in sorted(resources):
+        ranked = sorted(workers, key=lambda worker: (weight(worker, resource), worker), reverse=True)
+        chosen = next(worker for worker in ranked if load[worker] < capacity)
+        load[chosen] += 1
+        found[resource] = chosen
+    return found
+
+
 class Worker(Protocol):
     @property
     def holder(self) -> str: ...
@@ -101,6 +118,7 @@ class Resources:
     is_claim: Callable[[object], bool]
     lost_of: Callable[[Any], asyncio.Future[Any]]
     needs_partition: bool = False
+    bounded: bool = False  # spread with `assign_bounded` (a few resources) instead of plain rendezvous
 
 
 class Balancer:
@@ -196,10 +214,11 @@ class Balancer:
         handed = 0
         for family in self.families:
             among = with_partitions if family.needs_partition else live
+            targets = (assign_bounded if family.bounded else assign)(family.ids, among)
             for rid in family.ids:
                 if self._stopped:
                     return  # stop() waits for this tick: end it early, stop() hands everything over
-                target = assignee(rid, among)
+                target = targets.get(rid)
                 if rid in self.owned:
                     self._free_since.pop(rid, None)
                     if (

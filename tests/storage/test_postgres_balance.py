@@ -12,7 +12,7 @@ from balance_fakes import FakeClaim, FakeDatabase, FakeStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness_core.storage._postgres_balance import Balancer, Resources, assign, assignee
+from harness_core.storage._postgres_balance import Balancer, Resources, assign, assign_bounded, assignee
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 worker_sets = st.lists(names, min_size=1, max_size=8, unique=True)
@@ -245,3 +245,20 @@ async def test_shards_go_only_to_workers_that_own_a_partition() -> None:
     assert all(w.store.holder in db.workers for w in workers)  # the shard balancers leave membership alone
     for worker in workers:
         await worker.balancer.stop()
+
+
+@settings(max_examples=60, deadline=None)
+@given(workers=worker_sets, count=st.integers(1, 40), seed=st.integers(0, 2**32))
+def test_bounded_assignment_spreads_a_few_shards_evenly_and_deterministically(
+    workers: list[str], count: int, seed: int
+) -> None:
+    shards = [-1 - s for s in range(count)]
+    shuffled = list(workers)
+    random.Random(seed).shuffle(shuffled)
+    found = assign_bounded(shards, workers)
+    assert set(found) == set(shards) and set(found.values()) <= set(workers)
+    assert assign_bounded(shards, shuffled) == found
+    loads = [list(found.values()).count(w) for w in workers]
+    assert max(loads) <= -(-count // len(workers))
+    if count % len(workers) == 0:
+        assert set(loads) == {count // len(workers)}  # e.g. two shards over two workers land on both
