@@ -64,7 +64,7 @@ log = logging.getLogger("adapters.bridge")
 
 GATE_TASK = "bridge.gate"
 Action = Literal["approve", "deny", "withdraw"]
-_STATUS_OF: dict[str, str] = {"approve": "approved", "deny": "denied", "withdraw": "withdrawn"}
+STATUS_OF: dict[str, str] = {"approve": "approved", "deny": "denied", "withdraw": "withdrawn"}
 
 
 @dataclass(frozen=True)
@@ -429,7 +429,7 @@ class Approvals:
                 doc.value["decided_at"] = tx.now
                 await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
                 return Decision(False, "expired", reason="expired", decided_at=tx.now)
-            doc.value["status"] = _STATUS_OF[action]
+            doc.value["status"] = STATUS_OF[action]
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id
             doc.value["decided_at"] = tx.now

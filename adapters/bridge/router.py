@@ -3,10 +3,17 @@
 
 Each owned partition has its own `Bridge` (over its own harness and lease). The router sends every adapter call
 to the partition that owns it: a message by its channel's place key (`partition_of_place`; threads follow their
-channel), a click by its gate id (`gate_id % partitions`). A partition owned here gets the call directly; any
-other is committed as an ingress record for its owner (kind `message` keyed by the message's identity, kind
-`click` keyed by the click's), and the adapter acknowledges the platform once that commit returned: nothing
-acknowledged is lost, and the owner's exactly-once intake makes a message that arrives both ways count once.
+channel), a click by its gate id (`gate_id % partitions`).
+
+A message is committed as an ingress record (kind `message`, keyed by the message's identity) for its
+partition's owner, whichever worker that is, and the adapter acknowledges the platform once that commit
+returned: nothing acknowledged is lost, and a message delivered twice (to two workers, or as Slack's `message`
+and `app_mention`) is one record. Every message of a channel takes the same path whichever worker the platform
+handed it to, so a channel's messages are taken in in the order they were committed (a direct intake at the
+owner would overtake one still on its way from another worker). `direct_intake=True` takes a message for a
+partition owned here straight in instead (one commit less; order across workers then only as good as the
+paths' latencies). A click for a gate owned here is decided directly (the clicker is answered at once); any
+other is committed as a `click` record for the gate's owner.
 
 For every owned partition the router runs one consumer task: it takes the partition's unfinished ingress
 records in id order (so a channel's messages keep their order), feeds each through that partition's bridge,
@@ -28,7 +35,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from adapters.bridge.approvals import _STATUS_OF, Action, ClickOrigin, Decision, refusal
+from adapters.bridge.approvals import STATUS_OF, Action, ClickOrigin, Decision, refusal
 from adapters.bridge.bridge import Bridge
 from adapters.bridge.docs import WatchDoc
 from adapters.bridge.governor import RateGovernor
@@ -64,6 +71,7 @@ class Router:
         *,
         poll_interval: float = POLL_INTERVAL,
         batch: int = BATCH,
+        direct_intake: bool = False,
     ) -> None:
         if partitions < 1:
             raise ValueError(f"partitions must be at least 1, got {partitions}")
@@ -71,6 +79,7 @@ class Router:
         self.partitions = partitions
         self.poll_interval = poll_interval
         self.batch = batch
+        self.direct_intake = direct_intake
         self.transports: dict[str, Transport] = {}
         self._bridges: dict[int, Bridge] = {}
         self._tasks: dict[int, list[asyncio.Task[None]]] = {}
@@ -80,7 +89,7 @@ class Router:
         # of it (places the bridge has never seen, back to the adapter's look-back bound).
         self._catch_up_requests: dict[str, tuple[list[Place], str | None]] = {}
         self._unsubscribe = ingress.on_ingress(self._notified)
-        # Counters (metrics, tests): events committed for another worker, records taken in, records refused.
+        # Counters (metrics, tests): ingress records committed here, records taken in, records refused.
         self.forwarded = 0
         self.consumed = 0
         self.refused = 0
@@ -128,6 +137,7 @@ class Router:
     async def stop(self) -> dict[int, Bridge]:
         """Stop every consumer and listening; returns the bridges that were served (the caller stops them)."""
         self._unsubscribe()
+        self._unsubscribe = _nothing
         bridges: dict[int, Bridge] = {}
         for partition in list(self._bridges):
             bridges[partition] = await self.remove_partition(partition)
@@ -154,7 +164,7 @@ class Router:
     async def intake(self, message: IncomingMessage) -> IntakeResult:
         partition = self.partition_of(message.place)
         bridge = self._bridges.get(partition)
-        if bridge is not None:
+        if bridge is not None and self.direct_intake:
             try:
                 return await bridge.intake(message)
             except Exception:
@@ -163,11 +173,12 @@ class Router:
                 # Handed over while taking it in: its new owner takes it from ingress instead.
         new = await self.ingress.put_ingress(partition, MESSAGE, message.request_id, message_payload(message))
         self.forwarded += 1
-        log.info(
-            "message %s forwarded to partition %d%s",
+        self._notified(partition)  # owned here: no need to wait for the store's notification
+        log.debug(
+            "message %s committed for partition %d%s",
             message.request_id,
             partition,
-            "" if new else " (already forwarded)",
+            "" if new else " (already there)",
         )
         return IntakeResult(None, None, "forwarded")
 
@@ -232,7 +243,7 @@ class Router:
             partition,
             "" if new else " (already forwarded)",
         )
-        return Decision(True, _STATUS_OF[action], click.user_name, forwarded=True)
+        return Decision(True, STATUS_OF[action], click.user_name, forwarded=True)
 
     async def recorded_message_ids(self) -> set[str]:
         recorded: set[str] = set()
@@ -367,12 +378,16 @@ class Router:
             if request is None:
                 continue  # the adapter has not caught up yet: its own catch-up covers this partition
             asked, first_after = request
-            places = await bridge.known_places(platform)
-            seen = set(places)
-            places += [p for p in asked if p not in seen and self.partition_of(p) == partition]
             try:
+                places = await bridge.known_places(platform)
+                seen = set(places)
+                places += [p for p in asked if p not in seen and self.partition_of(p) == partition]
                 count = await bridge.catch_up(transport, places, first_after=first_after)
             except Exception as exc:
                 log.warning("partition %d: catch-up on %s failed: %s", partition, platform, exc)
                 continue
             log.info("partition %d: caught up %d %s message(s)", partition, count, platform)
+
+
+def _nothing() -> None:
+    """An unsubscribe already done."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -77,31 +78,53 @@ async def routers() -> Any:
         await router.stop()
 
 
-async def test_an_owned_place_goes_to_its_bridge_and_any_other_is_forwarded_to_its_owner(
-    bots: BotFactory, routers: Any
+@pytest.mark.parametrize("direct", [False, True])
+async def test_a_message_is_taken_in_by_its_partitions_owner_whichever_worker_it_reached(
+    bots: BotFactory, routers: Any, direct: bool
 ) -> None:
     ingress, platform = MemoryIngress(), MemoryTransport()
     here, there = await bots(platform=platform), await bots(platform=platform)
-    a, b = routers(ingress), routers(ingress)
+    a, b = routers(ingress, direct_intake=direct), routers(ingress, direct_intake=direct)
     a.attach(platform)
     b.attach(platform)
     await a.add_partition(0, here.bridge)
     await b.add_partition(1, there.bridge)
     mine, theirs = place_in(0), place_in(1)
 
-    assert (await a.intake(message(mine, "1.1", "hello"))).outcome == "answering"
+    assert (await a.intake(message(mine, "1.1", "hello"))).outcome == ("answering" if direct else "forwarded")
     forwarded = await a.intake(message(theirs, "1.2", "over there"))
     assert forwarded.outcome == "forwarded"
-    assert [(r.partition, r.kind, r.key) for r in ingress.records.values()] == [
-        (1, MESSAGE, theirs.message_key("1.2"))
-    ]
+    expected = [(1, MESSAGE, theirs.message_key("1.2"))]
+    if not direct:  # every message through ingress, its owner's included
+        expected.insert(0, (0, MESSAGE, mine.message_key("1.1")))
+    assert [(r.partition, r.kind, r.key) for r in ingress.records.values()] == expected
 
     await eventually(lambda: has_texts(there, theirs, ["over there"]), "the owner to take it in")
-    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the record to be finished")
+    await eventually(lambda: has_texts(here, mine, ["hello"]), "this worker to take its own in")
+    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the records to be finished")
     assert await here.bridge.place_doc(theirs) is None  # never taken in by the worker it reached
+    assert await there.bridge.place_doc(mine) is None
     await there.settle()
     assert platform.texts(theirs) == ["answer to alice: over there"]
-    assert (a.forwarded, b.consumed) == (1, 1)
+    assert (a.forwarded, b.consumed) == (1 if direct else 2, 1)
+
+
+async def test_a_channels_messages_keep_their_order_whichever_worker_each_reached(
+    bots: BotFactory, routers: Any
+) -> None:
+    """The platform hands each event to a random worker: the owner must not take its own ahead of one that
+    was committed earlier by another worker and is still on its way."""
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    ingress.notify = False  # the other worker's records arrive only with the owner's next poll
+    owner = await bots(platform=platform)
+    other, mine = routers(ingress), routers(ingress, poll_interval=0.3)
+    mine.attach(platform)
+    await mine.add_partition(2, owner.bridge)
+    place = place_in(2)
+    texts = [f"m{i}" for i in range(6)]
+    for i, text in enumerate(texts):
+        await (other if i % 2 == 0 else mine).intake(message(place, f"8.{i + 10}", text))
+    await eventually(lambda: has_texts(owner, place, texts), "every message, in the order committed")
 
 
 async def test_a_message_arriving_directly_and_via_ingress_is_taken_in_once(
@@ -109,7 +132,7 @@ async def test_a_message_arriving_directly_and_via_ingress_is_taken_in_once(
 ) -> None:
     ingress, platform = MemoryIngress(), MemoryTransport()
     owner = await bots(platform=platform)
-    a, b = routers(ingress), routers(ingress)
+    a, b = routers(ingress), routers(ingress, direct_intake=True)
     a.attach(platform)
     b.attach(platform)
     await b.add_partition(2, owner.bridge)
@@ -311,7 +334,7 @@ async def test_every_partition_bridge_shares_the_routers_transports_and_governor
 ) -> None:
     ingress = MemoryIngress()
     first, second = await bots(), await bots()
-    router = routers(ingress)
+    router = routers(ingress, direct_intake=True)
     await router.add_partition(0, first.bridge)
     platform = MemoryTransport()
     router.attach(platform)  # attached after a partition was added
@@ -326,14 +349,39 @@ async def test_every_partition_bridge_shares_the_routers_transports_and_governor
     assert await router.place_doc(place_in(0)) is not None
     await first.settle()
     await second.settle()
-    assert len(await router.recorded_message_ids()) == 0  # delivered replies are no longer tracked
+
+
+async def test_recorded_message_ids_are_those_of_every_owned_partition(
+    bots: BotFactory, routers: Any
+) -> None:
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    slow = {"platform": platform, "chunk_size": 1, "delay_ms": 40}  # replies stream for a while
+    first, second = await bots(**slow), await bots(**slow)
+    router = routers(ingress, direct_intake=True)
+    router.attach(platform)
+    await router.add_partition(0, first.bridge)
+    await router.add_partition(3, second.bridge)
+    await router.intake(message(place_in(0), "6.1", "tell me a long story"))
+    await router.intake(message(place_in(3), "6.1", "tell me another long story"))
+
+    async def both_posting() -> bool:
+        return bool(await first.bridge.recorded_message_ids()) and bool(
+            await second.bridge.recorded_message_ids()
+        )
+
+    await eventually(both_posting, "both replies to have a part posted")
+    recorded = await router.recorded_message_ids()
+    for place in (place_in(0), place_in(3)):
+        assert recorded & {m.id for m in platform.in_place(place)}, place
+    await router.stop()
+    await router.stop()  # idempotent
 
 
 async def test_a_thread_belongs_to_its_channels_partition(bots: BotFactory, routers: Any) -> None:
     """A thread forks its channel's conversation in the same commit: both must be taken in by one owner."""
     ingress, platform = MemoryIngress(), MemoryTransport()
     owner = await bots(platform=platform)
-    router = routers(ingress)
+    router = routers(ingress, direct_intake=True)
     router.attach(platform)
     await router.add_partition(1, owner.bridge)
     channel = place_in(1)
@@ -346,3 +394,21 @@ async def test_a_thread_belongs_to_its_channels_partition(bots: BotFactory, rout
     assert (await router.intake(message(channel, "1.0", "top"))).outcome == "answering"
     assert (await router.intake(message(thread, "1.5", "in the thread"))).outcome == "answering"
     assert not ingress.records
+
+
+async def test_watching_since_is_recorded_by_its_partitions_owner_and_read_elsewhere(
+    bots: BotFactory, routers: Any
+) -> None:
+    ingress = MemoryIngress()
+    bot = await bots()
+    watch = partition_of_key("memory:T1", PARTITIONS)
+    owner, reader, idle = routers(ingress), routers(ingress), routers(ingress)
+    before = int(time.time() * 1000)
+    assert await idle.watching_since("memory", "T1") >= before  # owns nothing, nothing recorded: now
+    await owner.add_partition(watch, bot.bridge)
+    since = await owner.watching_since("memory", "T1")
+    await asyncio.sleep(0.01)
+    assert await owner.watching_since("memory", "T1") == since  # recorded once
+    # Another worker reads it through any partition it owns (reads see the whole store; here: the same one).
+    await reader.add_partition((watch + 1) % PARTITIONS, Bridge(bot.harness))
+    assert await reader.watching_since("memory", "T1") == since
