@@ -352,9 +352,12 @@ class ShardHost:
     with no shard and runs the ones this worker holds leases for (`set_shards`). Only a worker that owns a
     partition runs shards: a standby connects to no platform."""
 
-    def __init__(self, adapter: Any, store: PostgresStore, ids: Sequence[int], count: int) -> None:
+    def __init__(
+        self, adapter: Any, store: PostgresStore, ids: Sequence[int], count: int, say: Callable[[str], None]
+    ) -> None:
         self.adapter = adapter
         self.store = store
+        self.say = say
         self.ids = list(ids)
         self.count = count
         self.running: dict[int, Any] = {}  # shard -> its lease
@@ -372,7 +375,7 @@ class ShardHost:
     async def gain(self, resource: int, lease: Any) -> None:
         self.running[-1 - resource] = lease
         try:
-            await self.adapter.set_shards(sorted(self.running), self.count)
+            await self._apply()
         except BaseException:
             self.running.pop(-1 - resource, None)
             await lease.release()
@@ -381,9 +384,15 @@ class ShardHost:
     async def lose(self, resource: int, lease: Any) -> None:
         self.running.pop(-1 - resource, None)
         try:
-            await self.adapter.set_shards(sorted(self.running), self.count)
+            await self._apply()
         finally:
             await lease.release()
+
+    async def _apply(self) -> None:
+        shards = sorted(self.running)
+        await self.adapter.set_shards(shards, self.count)
+        listed = ", ".join(str(shard) for shard in shards) if shards else "none"
+        self.say(f"{self.adapter.name}: this worker runs shard(s) {listed} of {self.count}")
 
 
 def refuse_devchat(config: BotConfig, names: Sequence[str]) -> None:
@@ -553,6 +562,7 @@ async def _serve(
                     store,
                     shard_plan(config, adapter),
                     int(getattr(adapter, "shard_count", None) or 1),
+                    say,
                 )
                 shard_balancer = Balancer(
                     store,

@@ -39,7 +39,9 @@ class Worker:
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, name: str, config: Path, env: dict[str, str], workdir: Path) -> Worker:
+    async def start(
+        cls, name: str, config: Path, env: dict[str, str], workdir: Path, *, adapter: str = "slack"
+    ) -> Worker:
         stderr_path = workdir / f"{name}.stderr"
         with stderr_path.open("ab") as stderr:
             process = await asyncio.create_subprocess_exec(
@@ -50,7 +52,7 @@ class Worker:
                 "--config",
                 str(config),
                 "--adapter",
-                "slack",
+                adapter,
                 *(["--log-level", "INFO"] if os.environ.get("WORKERS_DEBUG") else []),
                 cwd=REPO,
                 env=env,
