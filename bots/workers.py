@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.base import Adapter
-from adapters.bridge import Bridge, Router
+from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, Router
 from adapters.health import health_of
 from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
@@ -39,6 +39,7 @@ from bots.config import BotConfig
 from bots.metrics import BotMetrics
 from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
+from bots.reload import Reloads
 from bots.runtime import (
     EXIT_ERROR,
     EXIT_OK,
@@ -145,6 +146,9 @@ class PartitionHost:
         self.metrics = metrics
         self.agent = agent
         self.settings = cache_share(config.harness_settings(), router.partitions)
+        # What SIGHUP may change (bots.reload): every partition's bridge, now and opened later.
+        self.bridge_settings = bridge_config(config)
+        self.policies = approval_policies(config)
         self.parts: dict[int, Partition] = {}
         self._gone: dict[int, asyncio.Future[str]] = {}
         self._watchdog: int | None = None  # the partition whose harness runs the event-loop lag watchdog
@@ -172,11 +176,26 @@ class PartitionHost:
     def _bridge(self, harness: Harness, guard: Callable[[], None]) -> Bridge:
         return Bridge(
             harness,
-            config=bridge_config(self.config),
+            config=self.bridge_settings,
             agent=self.agent,
-            approvals=approval_policies(self.config),
+            approvals=list(self.policies),
             write_guard=guard,
         )
+
+    async def apply_reload(
+        self, settings: BridgeConfig, policies: list[ApprovalPolicy], agent: AgentChange
+    ) -> int:
+        """A reloaded config (SIGHUP, `bots.reload`): every partition's bridge takes it, every channel and
+        thread conversation gets the agent; returns how many conversations changed."""
+        self.bridge_settings, self.policies, self.agent = settings, policies, agent
+        updated = 0
+        for part in list(self.parts.values()):
+            part.bridge.config = settings
+            part.bridge.approvals.policies = list(policies)
+            part.bridge.agent = agent
+            if not part.harness.closed.done():
+                updated += await sync_conversations(part.harness, agent)
+        return updated
 
     async def _open(self, number: int, handle: PostgresStorage, gone: asyncio.Future[str]) -> Partition:
         registry = Registry()
@@ -339,6 +358,8 @@ def worker_readiness(
                 problems["storage"] = f"partition {part.number}: {reason}"
                 break
         for adapter in adapters:
+            if getattr(adapter, "shard_ids", None) == []:
+                continue  # runs no Discord shard here: the other workers hold the gateway sessions
             health = health_of(adapter)
             if health is not None and not health.connected:
                 problems[adapter.name] = f"not connected to {health.platform}"
@@ -437,11 +458,15 @@ async def run_workers(
         received.append(signal.Signals(signum).name)
         stop.set()
 
+    reloads: list[Reloads] = []  # set once the partitions' host exists
+    early: list[bool] = []
+
     def on_reload() -> None:
-        say(
-            "durable-bots: reload (SIGHUP) is not supported by a worker of several partitions yet; restart the "
-            "workers one by one to apply a changed config (nothing is lost)"
-        )
+        if reloads:
+            reloads[0].request()
+        else:
+            early.append(True)
+            say("durable-bots: reload requested before the worker runs; applying it once it does")
 
     installed: list[int] = []
     for signum in (int(signal.SIGTERM), int(signal.SIGINT)):
@@ -465,6 +490,9 @@ async def run_workers(
             raise BotError(str(exc), EXIT_STORAGE) from None
         router = Router(store, partitions)
         host = PartitionHost(config, env, router=router, models=models, metrics=metrics, agent=agent, say=say)
+        reloads.append(Reloads(host, say))
+        if early:
+            reloads[0].request()
         started: list[Adapter] = []
         phase = ["starting"]
         metrics.bind_parts(host.running, router.governors, started)
@@ -484,6 +512,8 @@ async def run_workers(
         )
         return await _serve(config, adapters, store, router, host, started, phase, say, stop, received, ttl)
     finally:
+        for reload in reloads:
+            await reload.stop()
         if admin is not None:
             await admin.stop()
         if store is not None:

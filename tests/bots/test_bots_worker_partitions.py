@@ -1,5 +1,6 @@
 """The worker runtime's partition stacks in one process over a real PostgreSQL store: a partition whose lease
-is lost closes alone and writes nothing more; the others carry on; a graceful stop releases the rest."""
+is lost closes alone and writes nothing more; the others carry on; a reload reaches every partition; a graceful
+stop releases the rest."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bots_cli_support import shipped_config_in, toml_value
 from adapters.bridge import Router
 from bots.config import load_config
 from bots.metrics import BotMetrics
+from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
 from bots.workers import PartitionHost, cache_share, owned_line, rescue_grace
 from harness_core import HarnessSettings
@@ -88,6 +90,14 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         # The others still commit.
         for number in (0, 1, 3):
             assert await host.parts[number].bridge.watching_since("test", f"w{number}") > 0
+        # SIGHUP: a reloaded [answer] reaches every partition's bridge (and those opened later).
+        source = Path(config.source)
+        edited = source.read_text().replace('mode = "all"', 'mode = "mentions"', 1)  # noqa: ASYNC240 (tiny file)
+        source.write_text(edited)  # noqa: ASYNC240
+        assert await reload_config(host, said.append) is not None
+        assert {part.bridge.config.default.answer for part in host.parts.values()} == {"mentions"}
+        assert host.bridge_settings.default.answer == "mentions"
+        assert any(line.startswith(f"durable-bots: reloaded {source}") for line in said), said
         await balancer.stop()
         assert host.parts == {} and router.owned() == frozenset()
         holders = dict(await conn.fetch("SELECT partition, holder FROM leases WHERE partition >= 0"))
