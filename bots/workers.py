@@ -348,10 +348,10 @@ def worker_readiness(
 
     async def check() -> dict[str, str]:
         problems: dict[str, str] = {}
-        if phase[0]:
-            problems["bot"] = phase[0]
-        elif not host.parts:
+        if not host.parts and phase[0] != "stopping":
             problems["bot"] = f"standby: owns none of the {host.router.partitions} partitions"
+        elif phase[0]:
+            problems["bot"] = phase[0]
         for part in list(host.parts.values()):
             reason = "closed" if part.harness.closed.done() else part.storage.not_ready()
             if reason:

@@ -17,10 +17,12 @@ import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
-from bots_cli_support import bot_env, shipped_config_in, toml_value
+from bots_cli_support import bot_env, free_port, shipped_config_in, toml_value
 from workers_support import TOKEN, DatabaseLink, EchoModel, SlackTaps, Worker, token
 
 from adapters.slack.testing import Channel, FakeSlack
@@ -40,14 +42,16 @@ edit_interval = 0.05
 """
 
 
-def workers_config(workdir: Path, url: str) -> Path:
+def workers_config(
+    workdir: Path, url: str, *, partitions: int = PARTITIONS, admin: int | None = None
+) -> Path:
     return shipped_config_in(
         workdir,
         replace={
-            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}\npartitions = {PARTITIONS}",
+            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}\npartitions = {partitions}",
             'model = "faux:demo"': 'model = "openai:gpt-4o"',
         },
-        append=SLACK,
+        append=SLACK + (f'\n[admin]\nlisten = "127.0.0.1:{admin}"\n' if admin else ""),
     )
 
 
@@ -64,17 +68,26 @@ class Fleet:
         self.workers: list[Worker] = []
         self.links: list[DatabaseLink] = []
 
-    async def start(self, name: str, *, link: DatabaseLink | None = None) -> Worker:
+    async def start(
+        self,
+        name: str,
+        *,
+        link: DatabaseLink | None = None,
+        partitions: int = PARTITIONS,
+        admin: int | None = None,
+    ) -> Worker:
         env = {**self.env, "SLACK_API_URL": await self.taps.tap(name)}
         config = self.config
-        if link is not None:
-            port = await link.start()
-            parts = urlsplit(self.url)
-            proxied = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+        if link is not None or partitions != PARTITIONS or admin is not None:
+            url = self.url
+            if link is not None:
+                port = await link.start()
+                parts = urlsplit(self.url)
+                url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+                self.links.append(link)
             own = self.workdir / name
             own.mkdir()
-            config = workers_config(own, proxied)
-            self.links.append(link)
+            config = workers_config(own, url, partitions=partitions, admin=admin)
         worker = await Worker.start(name, config, env, self.workdir)
         self.workers.append(worker)
         return worker
@@ -259,3 +272,42 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     )
     for n, channel in enumerate(channels):
         assert answered_tokens(fake, channel) == [token(n, 0), token(n, 1)], channel.name
+
+
+async def readyz(port: int) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/readyz") as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_platform(
+    fake: FakeSlack, fleet: Fleet
+) -> None:
+    """Two partitions, three workers: at least one owns none. It opens no Socket Mode connection and is not
+    ready; once the others stop it takes both partitions, connects and answers."""
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    ports = [free_port() for _ in range(3)]
+    workers = [await fleet.start(f"s{n}", partitions=2, admin=ports[n]) for n in range(3)]
+    await asyncio.sleep(2 * TTL)  # joins settle
+    owning = [w for w in workers if w.owned()]
+    standbys = [w for w in workers if not w.owned()]
+    assert standbys and owning, [w.output() for w in workers]
+    assert len(fake.open_connections) == len(owning)  # a standby connects to no platform
+    standby = standbys[0]
+    assert not any(line.startswith("durable-bots: ready") for line in standby.lines), standby.output()
+    status, body = await readyz(ports[workers.index(standby)])
+    assert status == 503 and "standby: owns none of the 2 partitions" in body["not_ready"]["bot"], body
+
+    for worker in owning:
+        worker.process.send_signal(signal.SIGTERM)
+        assert await worker.finish(60) == 0, worker.output() + worker.stderr()
+    await standby.ready(60)
+    await standby.wait_for(lambda line: line == "durable-bots: worker owns 2 of 2 partitions", 30)
+    assert (await readyz(ports[workers.index(standby)]))[0] == 200
+    await fake.user_posts(general, alice, f"{token(0, 0)} anyone there?")
+    await fake.wait_for(lambda: answered_tokens(fake, general) == [token(0, 0)], 30, description="the answer")
+    standby.process.send_signal(signal.SIGTERM)
+    assert await standby.finish(60) == 0, standby.output() + standby.stderr()
