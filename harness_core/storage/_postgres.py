@@ -71,27 +71,24 @@ log = logging.getLogger("harness_core.storage")
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
 
-def _statements(partition: int) -> tuple[str, ...]:
-    """The write statements of a handle, its partition written as a literal (an int: no injection). The rows
-    of a commit (see `_sql_plan`) carry no partition."""
-    p = int(partition)
-    return (
-        f"INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, {p}, $2, $3)",
-        f"INSERT INTO entries (id, partition, conversation_id, head, record) VALUES ($1, {p}, $2, $3, $4)",
-        "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) "
-        f"VALUES ($1, {p}, $2, $3, $4, $5) "
-        "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
-        "live = excluded.live, record = excluded.record",
-        # ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
-        "INSERT INTO submissions (id, partition, conversation_id, request_id, status, record) "
-        f"VALUES ($1, {p}, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET "
-        "conversation_id = excluded.conversation_id, request_id = excluded.request_id, "
-        "status = excluded.status, record = excluded.record",
-        "INSERT INTO doc_records (id, partition, kind, scope, scope_id, key, rewindable, created_seq, "
-        f"retired_seq, record) VALUES ($1, {p}, $2, $3, $4, $5, $6, $7, $8, $9)",
-        _INSERT_CONTENT,
-        _RECLAIM_BEFORE_BASE,
-    )
+# The rows of a commit (see `_sql_plan`) carry no partition: the first five statements take it as their last
+# parameter (appended to each row), so the statement texts are the same for every partition (asyncpg's
+# statement cache keeps one prepared statement per text, not one per partition).
+_STATEMENTS = (
+    "INSERT INTO conversations (id, owner_task_id, record, partition) VALUES ($1, $2, $3, $4)",
+    "INSERT INTO entries (id, conversation_id, head, record, partition) VALUES ($1, $2, $3, $4, $5)",
+    "INSERT INTO tasks (id, conversation_id, kind, live, record, partition) VALUES ($1, $2, $3, $4, $5, $6) "
+    "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
+    "live = excluded.live, record = excluded.record",
+    # ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
+    "INSERT INTO submissions (id, conversation_id, request_id, status, record, partition) "
+    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET "
+    "conversation_id = excluded.conversation_id, request_id = excluded.request_id, "
+    "status = excluded.status, record = excluded.record",
+    "INSERT INTO doc_records (id, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, record, "
+    "partition) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+)
+_PARTITIONED = len(_STATEMENTS)
 
 
 _INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES ($1, $2, $3, $4, $5)"
@@ -100,6 +97,7 @@ _RECLAIM_BEFORE_BASE = (
     "DELETE FROM doc_contents WHERE doc_id = $1 AND (seq, part) < ($2, $3) "
     "AND NOT (SELECT rewindable FROM doc_records WHERE id = $1)"
 )
+_ALL_STATEMENTS = (*_STATEMENTS, _INSERT_CONTENT, _RECLAIM_BEFORE_BASE)
 _RETIRE = (
     "UPDATE doc_records d SET retired_seq = r.seq FROM unnest($1::bigint[], $2::bigint[]) AS r(seq, id) "
     "WHERE d.id = r.id"
@@ -162,7 +160,6 @@ class PostgresStorage(SqlRecordReads):
         self._description = store.description
         self._pool = store.pool
         self._partition = partition
-        self._statements = _statements(partition) if partition is not None else ()
         self._lease = lease
         self._owns_store = owns_store
         self._next_id = meta.next_id
@@ -331,9 +328,10 @@ class PostgresStorage(SqlRecordReads):
                 )
                 lease.mark_lost(reason)
                 raise LeaseLost(reason)
-            for sql, rows in plan.statements(self._statements):
+            for n, (sql, rows) in enumerate(plan.statements(_ALL_STATEMENTS)):
                 if rows:
-                    await conn.executemany(sql, rows)
+                    own = [(*row, lease.partition) for row in rows] if n < _PARTITIONED else rows
+                    await conn.executemany(sql, own)
             if plan.retires:
                 retire_ids = [doc_id for _, doc_id in plan.retires]
                 status = await conn.execute(_RETIRE, [seq for seq, _ in plan.retires], retire_ids)

@@ -35,6 +35,8 @@ SELECT id, partition, kind, key, payload, created_at FROM ingress
 WHERE partition = ANY($1::int[]) AND finished_at IS NULL ORDER BY id LIMIT $2
 """
 FINISH_INGRESS = f"UPDATE ingress SET finished_at = {NOW_MS} WHERE id = $1 AND finished_at IS NULL"
+# Only finished records, and only old ones: a key must outlive the platform's redeliveries of its event.
+PRUNE_INGRESS = f"DELETE FROM ingress WHERE finished_at IS NOT NULL AND finished_at < {NOW_MS} - $1"
 
 # The CTE reads the row as it was before the upsert: a new row, a row that had expired (a worker back after
 # a pause) or a change of `draining` is news for the other workers.

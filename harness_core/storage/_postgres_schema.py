@@ -225,7 +225,7 @@ async def store_partitions(conn: asyncpg.Connection, description: str, partition
         return 1  # nothing recorded yet and nobody asked: a read-only look at a fresh store
     if partitions is not None and int(stored) != partitions:
         raise StorageError(
-            f"storage {description} has {stored} partitions, but {partitions} were asked for: the count is "
+            f"storage {description} has {stored} partitions, not {partitions} as configured: the count is "
             f"fixed when a store is created; set [storage] partitions = {stored} (or use a new database)"
         )
     return int(stored)

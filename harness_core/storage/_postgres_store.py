@@ -36,6 +36,7 @@ from harness_core.storage._postgres_ingress import (
     LEAVE,
     LIVE_WORKERS,
     PENDING_INGRESS,
+    PRUNE_INGRESS,
     PUT_INGRESS,
     WORKERS_CHANNEL,
     IngressRecord,
@@ -420,6 +421,18 @@ class PostgresStore:
         """Mark a record done, after the owner's intake of it committed (finishing twice is harmless)."""
         self._check()
         await self._call("finish an ingress record", lambda conn: conn.execute(FINISH_INGRESS, record_id))
+
+    async def prune_ingress(self, *, finished_for: float) -> int:
+        """Delete records finished more than `finished_for` seconds ago (by the server's clock); returns how
+        many. Their keys are then free again: keep them longer than any platform redelivers an event (Slack
+        retries for minutes; a day is plenty)."""
+        self._check()
+        if finished_for < 0:
+            raise ValueError(f"finished_for must not be negative, not {finished_for!r}")
+        status = await self._call(
+            "prune ingress", lambda conn: conn.execute(PRUNE_INGRESS, int(finished_for * 1000))
+        )
+        return int(status.split()[-1])
 
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
         """Call `callback(partition)` when an ingress record for it is put (LISTEN; poll too: a lost

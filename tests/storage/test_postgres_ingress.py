@@ -201,3 +201,21 @@ async def test_a_dropped_listen_connection_is_replaced(pg_url: str) -> None:
     finally:
         await owner.close()
         await other.close()
+
+
+async def test_only_old_finished_records_are_pruned(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=1)
+    try:
+        for key in ("old", "recent", "open"):
+            assert await store.put_ingress(0, "message", key, {})
+        records = {r.key: r for r in await store.pending_ingress([0])}
+        await store.finish_ingress(records["old"].id)
+        await store.finish_ingress(records["recent"].id)
+        await store.pool.execute("UPDATE ingress SET finished_at = finished_at - 120000 WHERE key = 'old'")
+        assert await store.prune_ingress(finished_for=60) == 1
+        keys = [r[0] for r in await store.pool.fetch("SELECT key FROM ingress ORDER BY id")]
+        assert keys == ["recent", "open"]
+        assert await store.put_ingress(0, "message", "old", {})  # its key is free again
+        assert not await store.put_ingress(0, "message", "recent", {})
+    finally:
+        await store.close()

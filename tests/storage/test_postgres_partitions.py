@@ -219,7 +219,7 @@ async def test_the_partition_count_is_fixed_per_store(pg_url: str) -> None:
     with pytest.raises(StorageError) as info:
         await PostgresStore.open(pg_url, partitions=4)
     text = str(info.value)
-    assert "has 8 partitions" in text and "4" in text and "[storage] partitions = 8" in text
+    assert "has 8 partitions, not 4 as configured" in text and "[storage] partitions = 8" in text
     with pytest.raises(StorageError, match="has 8 partitions"):
         await PostgresStorage.open(pg_url)  # the one-partition shape is a count too
     store = await PostgresStore.open(pg_url, partitions=8)
@@ -350,3 +350,26 @@ async def test_operator_requests_go_to_the_partition_of_their_target(pg_url: str
         await three.close()
     finally:
         await store.close()
+
+
+async def test_the_shared_renewal_notices_one_takeover_and_keeps_the_other_partitions(pg_url: str) -> None:
+    old_store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5)
+    new_store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5)
+    try:
+        taken, kept = await open_handle(old_store, 2), await open_handle(old_store, 3)
+        await expire(pg_url, 2)
+        successor = await open_handle(new_store, 2)
+        assert taken.lease is not None and kept.lease is not None
+        reason = await asyncio.wait_for(taken.lease.lost, 5)
+        assert "taken over by pid" in reason
+        assert taken.not_ready() == "storage lease lost"
+        await asyncio.sleep(1.0)
+        assert kept.lease.valid() and kept.not_ready() is None
+        assert set(old_store.held()) == {2, 3}  # lost is not released: the owner closes it
+        await taken.close()
+        await kept.close()
+        await successor.close()
+        assert old_store.held() == {}
+    finally:
+        await old_store.close()
+        await new_store.close()
