@@ -74,6 +74,8 @@ DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned 
 MIN_CACHE_BYTES = 512 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
+INGRESS_KEEP = 86_400.0  # seconds a finished ingress record (its platform key) is kept
+PRUNE_EVERY = 3_600.0
 QUIET_WATCHDOG = WatchdogSettings(enabled=False, interval_ms=60_000)
 
 
@@ -309,6 +311,40 @@ class Desks:
                     if part.number in self.host.parts:
                         log.warning("operator requests of partition %d: %s", part.number, exc)
             await asyncio.sleep(DESK_POLL)
+
+
+class IngressPruner:
+    """Deletes ingress records finished more than `keep` seconds ago, every `every` seconds (any worker may:
+    it is one idempotent statement). Kept a day by default: longer than any platform re-sends an event, so a
+    late duplicate still finds its key. Owns its task."""
+
+    def __init__(
+        self, store: PostgresStore, *, keep: float = INGRESS_KEEP, every: float = PRUNE_EVERY
+    ) -> None:
+        self.store = store
+        self.keep = keep
+        self.every = every
+        self.pruned = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ingress-pruner")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.pruned += await self.store.prune_ingress(finished_for=self.keep)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away for a moment: next time
+                log.warning("pruning finished ingress records: %s", exc)
+            await asyncio.sleep(self.every)
 
 
 class OwnershipReport:
@@ -555,6 +591,7 @@ async def _serve(
         on_owned_changed=report.changed,
     )
     desks = Desks(host)
+    pruner = IngressPruner(store)
     shard_balancers: list[Balancer] = []
     code = EXIT_OK
     try:
@@ -571,6 +608,7 @@ async def _serve(
             say("durable-bots: stopped while on standby")
             return EXIT_OK
         desks.start()
+        pruner.start()
         report.connected = True
         for adapter, options in adapters:
             try:
@@ -615,6 +653,7 @@ async def _serve(
     finally:
         phase[0] = "stopping"
         await desks.stop()
+        await pruner.stop()
         for shard_balancer in shard_balancers:  # shards first: they need a partition owner behind them
             try:
                 await shard_balancer.stop()

@@ -15,7 +15,7 @@ from bots.config import load_config
 from bots.metrics import BotMetrics
 from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
-from bots.workers import PartitionHost, cache_share, owned_line, rescue_grace
+from bots.workers import IngressPruner, PartitionHost, cache_share, owned_line, rescue_grace
 from harness_core import HarnessSettings
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
@@ -118,3 +118,26 @@ def test_each_partition_harness_gets_a_share_of_the_cache_and_the_console_speaks
     assert cache_share(settings, 1).context_cache_bytes == settings.context_cache_bytes
     assert owned_line(21, 64) == "durable-bots: worker owns 21 of 64 partitions"
     assert "connects to no platform" in owned_line(0, 64)
+
+
+async def test_finished_ingress_records_are_pruned_after_they_are_kept(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    pruner = IngressPruner(store, keep=0.0, every=0.05)
+    try:
+        assert await store.put_ingress(1, "message", "slack:T1:C1:1.0", {"text": "hi"})
+        assert await store.put_ingress(1, "message", "slack:T1:C1:2.0", {"text": "later"})
+        first, second = await store.pending_ingress([1])
+        await store.finish_ingress(first.id)
+        pruner.start()
+        for _ in range(100):
+            if pruner.pruned:
+                break
+            await asyncio.sleep(0.05)
+        assert pruner.pruned == 1
+        assert [r.key for r in await store.pending_ingress([1])] == [second.key]  # unfinished ones stay
+        assert await store.put_ingress(
+            1, "message", "slack:T1:C1:1.0", {"text": "hi"}
+        )  # its key is free again
+    finally:
+        await pruner.stop()
+        await store.close()
