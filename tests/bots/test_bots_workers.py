@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import asyncpg
 import pytest
 from bots_cli_support import bot_env, free_port, shipped_config_in, toml_value
 from workers_support import TOKEN, DatabaseLink, EchoModel, SlackTaps, Worker, token
@@ -283,31 +284,43 @@ async def readyz(port: int) -> tuple[int, dict[str, Any]]:
 
 
 async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_platform(
-    fake: FakeSlack, fleet: Fleet
+    fake: FakeSlack, fleet: Fleet, pg_url: str
 ) -> None:
-    """Two partitions, three workers: at least one owns none. It opens no Socket Mode connection and is not
-    ready; once the others stop it takes both partitions, connects and answers."""
+    """Both partitions are held elsewhere (another worker, as far as this one can tell): the worker opens no
+    Socket Mode connection and is not ready; once they are released it takes them, connects and answers."""
     general = fake.add_channel("general")
     alice = fake.add_user("UALICE", name="alice", display_name="Alice")
-    ports = [free_port() for _ in range(3)]
-    workers = [await fleet.start(f"s{n}", partitions=2, admin=ports[n]) for n in range(3)]
-    await asyncio.sleep(2 * TTL)  # joins settle
-    owning = [w for w in workers if w.owned()]
-    standbys = [w for w in workers if not w.owned()]
-    assert standbys and owning, [w.output() for w in workers]
-    assert len(fake.open_connections) == len(owning)  # a standby connects to no platform
-    standby = standbys[0]
-    assert not any(line.startswith("durable-bots: ready") for line in standby.lines), standby.output()
-    status, body = await readyz(ports[workers.index(standby)])
-    assert status == 503 and "standby: owns none of the 2 partitions" in body["not_ready"]["bot"], body
+    conn = await asyncpg.connect(pg_url)
+    try:
+        for partition in (0, 1):
+            await conn.execute(
+                "INSERT INTO leases (partition, holder, pid, host, epoch, acquired_at, expires_at) "
+                "VALUES ($1, 'elsewhere', 1, 'other-host', 1, now(), now() + interval '1 minute') "
+                "ON CONFLICT (partition) DO UPDATE SET holder = 'elsewhere', epoch = leases.epoch + 1, "
+                "expires_at = now() + interval '1 minute'",
+                partition,
+            )
+        port = free_port()
+        standby = await fleet.start("standby", partitions=2, admin=port)
+        await standby.wait_for(
+            lambda line: line.startswith("durable-bots: standby: this worker owns none"), 60
+        )
+        await asyncio.sleep(2 * TTL)
+        assert fake.open_connections == [] and not any(
+            line.startswith("durable-bots: ready") for line in standby.lines
+        )
+        status, body = await readyz(port)
+        assert status == 503 and body["not_ready"]["bot"] == "standby: owns none of the 2 partitions", body
 
-    for worker in owning:
-        worker.process.send_signal(signal.SIGTERM)
-        assert await worker.finish(60) == 0, worker.output() + worker.stderr()
-    await standby.ready(60)
-    await standby.wait_for(lambda line: line == "durable-bots: worker owns 2 of 2 partitions", 30)
-    assert (await readyz(ports[workers.index(standby)]))[0] == 200
-    await fake.user_posts(general, alice, f"{token(0, 0)} anyone there?")
-    await fake.wait_for(lambda: answered_tokens(fake, general) == [token(0, 0)], 30, description="the answer")
-    standby.process.send_signal(signal.SIGTERM)
-    assert await standby.finish(60) == 0, standby.output() + standby.stderr()
+        await conn.execute("UPDATE leases SET holder = NULL, expires_at = now() - interval '1 second'")
+        await standby.ready(30)
+        await standby.wait_for(lambda line: line == "durable-bots: worker owns 2 of 2 partitions", 30)
+        assert len(fake.open_connections) == 1 and (await readyz(port))[0] == 200
+        await fake.user_posts(general, alice, f"{token(0, 0)} anyone there?")
+        await fake.wait_for(
+            lambda: answered_tokens(fake, general) == [token(0, 0)], 30, description="the answer"
+        )
+        standby.process.send_signal(signal.SIGTERM)
+        assert await standby.finish(60) == 0, standby.output() + standby.stderr()
+    finally:
+        await conn.close()
