@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import asyncpg
-from bots_cli_support import shipped_config_in, toml_value
+from bots_cli_support import bot_env, cli, shipped_config_in, toml_value
 
 from adapters.bridge import Router
 from bots.config import load_config
@@ -141,3 +141,14 @@ async def test_finished_ingress_records_are_pruned_after_they_are_kept(pg_url: s
     finally:
         await pruner.stop()
         await store.close()
+
+
+async def test_devchat_is_refused_over_a_partitioned_store(tmp_path: Path, pg_url: str) -> None:
+    config = shipped_config_in(tmp_path, replace={'path = "var/ops.sqlite"': f"url = {toml_value(pg_url)}"})
+    result = await cli(config, "run", "--adapter", "devchat", env=bot_env(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        "durable-bots: devchat cannot run over a store split into 64 partitions: it serves one page from one "
+        "process."
+    ), result.stderr
+    assert "[storage] partitions = 1" in result.stderr and "Traceback" not in result.stderr
