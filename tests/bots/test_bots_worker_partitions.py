@@ -152,3 +152,20 @@ async def test_devchat_is_refused_over_a_partitioned_store(tmp_path: Path, pg_ur
         "process."
     ), result.stderr
     assert "[storage] partitions = 1" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_worker_with_another_partition_count_than_the_store_exits_with_one_line(
+    tmp_path: Path, pg_url: str
+) -> None:
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    await store.close()
+    config = shipped_config_in(
+        tmp_path,
+        replace={'path = "var/ops.sqlite"': f"url = {toml_value(pg_url)}\npartitions = 8"},
+        append='\n[adapters.slack]\nmode = "socket"\n',
+    )
+    env = bot_env(tmp_path, SLACK_BOT_TOKEN="xoxb-test", SLACK_APP_TOKEN="xapp-test")
+    result = await cli(config, "run", "--adapter", "slack", env=env)
+    assert result.returncode == 3, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"has {PARTITIONS} partitions" in line and "8" in line and "[storage] partitions" in line, line
