@@ -13,9 +13,10 @@ from bots_cli_support import bot_env, cli, shipped_config_in, toml_value
 from adapters.bridge import Router
 from bots.config import load_config
 from bots.metrics import BotMetrics
+from bots.partition_stack import PartitionHost, cache_share
 from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
-from bots.workers import IngressPruner, PartitionHost, cache_share, owned_line, rescue_grace
+from bots.workers import IngressPruner, owned_line, rescue_grace
 from harness_core import HarnessSettings
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
