@@ -186,7 +186,8 @@ async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_o
         assert await second.finish(30) == -signal.SIGKILL
         await asyncio.sleep(SPAN * 0.15)
         fourth = await fleet.start("w4")
-        await fourth.ready()
+        await fourth.ready()  # ready once it owns a partition: the others handed some over
+        assert (fourth.owned() or 0) > 0, fourth.output()
         events.append(f"w4 ready at {time.time():.3f}")
         for old in (first, third, fourth):  # the rolling deploy
             old.process.send_signal(signal.SIGTERM)
