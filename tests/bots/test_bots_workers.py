@@ -276,6 +276,14 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
         assert answered_tokens(fake, channel) == [token(n, 0), token(n, 1)], channel.name
 
 
+async def scrape(port: int) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        return await response.text()
+
+
 async def readyz(port: int) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as session,
@@ -288,7 +296,8 @@ async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_plat
     fake: FakeSlack, fleet: Fleet, pg_url: str
 ) -> None:
     """Both partitions are held elsewhere (another worker, as far as this one can tell): the worker opens no
-    Socket Mode connection and is not ready; once they are released it takes them, connects and answers."""
+    Socket Mode connection and is not ready; once they are released it takes them, connects and answers, and
+    its /metrics count what its partitions did."""
     general = fake.add_channel("general")
     alice = fake.add_user("UALICE", name="alice", display_name="Alice")
     conn = await asyncpg.connect(pg_url)
@@ -321,6 +330,15 @@ async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_plat
         await fake.wait_for(
             lambda: answered_tokens(fake, general) == [token(0, 0)], 30, description="the answer"
         )
+        # /metrics sums the partitions a worker runs (the channel's partition is one of the two).
+        text = ""
+        for _ in range(50):
+            text = await scrape(port)
+            if 'durable_bots_answers_delivered_total{platform="slack"} 1.0' in text:
+                break
+            await asyncio.sleep(0.1)
+        assert 'durable_bots_messages_taken_in_total{platform="slack"} 1.0' in text, text
+        assert 'durable_bots_answers_delivered_total{platform="slack"} 1.0' in text, text
         standby.process.send_signal(signal.SIGTERM)
         assert await standby.finish(60) == 0, standby.output() + standby.stderr()
     finally:
