@@ -31,7 +31,7 @@ from adapters.slack.testing import Channel, FakeSlack
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 TTL = 3.0
-PARTITIONS = 16
+PARTITIONS = 64  # the default
 CHANNELS = 30
 PEOPLE = 20
 MESSAGES = 600
