@@ -28,7 +28,7 @@ from harness_core.storage import PostgresStorage
 log = logging.getLogger("bots.workers")
 
 DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned partitions (one query each)
-MIN_CACHE_BYTES = 512 * 1024
+MIN_CACHE_BYTES = 128 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
 QUIET_WATCHDOG = WatchdogSettings(enabled=False, interval_ms=60_000)
