@@ -148,7 +148,8 @@ class PartitionHost:
         try:
             # The same tools in every partition: a conversation's tools do not depend on who runs it.
             bridge = self._bridge(harness, handle.check_owner)
-            ctx = OpsContext(config=self.config, env=self.env, storage=handle)
+            # Tools read other partitions (search_history over every channel) through the store-wide reader.
+            ctx = OpsContext(config=self.config, env=self.env, storage=handle.store.reader())
             registry.install(ops_extension(ctx))
             registry.install(history_extension(ctx))
             registry.install(bridge.extension())

@@ -340,6 +340,13 @@ class PostgresStore:
             return StorageMeta(next_id=first_id(partition, self.partitions), last_seq=0)
         return StorageMeta(next_id=int(row[0]), last_seq=int(row[1]))
 
+    def reader(self) -> PostgresStorage:
+        """A read-only view of every partition on this store's pool: no lease, no fence, commits refused.
+        Cross-partition reads (`search_history` over other channels) use it: they never wait for, or block, a
+        partition's commit. Closing it leaves the store open."""
+        self._check()
+        return PostgresStorage(self, None, None, StorageMeta(next_id=0, last_seq=0), owns_store=False)
+
     def forget(self, handle: PostgresStorage) -> None:
         """A handle closed (called by its `close()`)."""
         if handle.partition is not None and self._handles.get(handle.partition) is handle:

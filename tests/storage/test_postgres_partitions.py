@@ -373,3 +373,23 @@ async def test_the_shared_renewal_notices_one_takeover_and_keeps_the_other_parti
     finally:
         await old_store.close()
         await new_store.close()
+
+
+async def test_the_store_reader_sees_every_partition_and_never_commits(pg_url: str) -> None:
+    # Cross-partition reads (search_history over other channels) go through it: no lease, no fence.
+    store = await PostgresStore.open(pg_url, partitions=8)
+    try:
+        three, five = await open_handle(store, 3), await open_handle(store, 5)
+        await asyncio.gather(three.commit([work(11, 19, 27, 35)]), five.commit([work(13, 21, 29, 37)]))
+        reader = store.reader()
+        assert reader.read_only and reader.partition is None
+        assert [c.id for c in (await reader.scan_conversations()).items] == [11, 13]
+        assert [c.id for c in (await three.scan_conversations()).items] == [11]
+        with pytest.raises(StorageError):
+            await reader.commit([work(43, 51, 59, 67)])
+        await reader.close()  # the store and its handles go on
+        await three.commit([CommitBatch(seq=2, next_id=75, conversations=[Conversation(id=75)])])
+        await three.close()
+        await five.close()
+    finally:
+        await store.close()
