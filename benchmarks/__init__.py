@@ -17,5 +17,6 @@ BENCHMARKS: dict[str, str] = {
     "idle_memory": "benchmarks.idle_memory",
     "postgres": "benchmarks.postgres",
     "takeover": "benchmarks.takeover",
+    "pg_capacity": "benchmarks.pg_capacity",
     "memory_growth": "benchmarks.memory_growth",
 }
