@@ -18,5 +18,6 @@ BENCHMARKS: dict[str, str] = {
     "postgres": "benchmarks.postgres",
     "takeover": "benchmarks.takeover",
     "pg_capacity": "benchmarks.pg_capacity",
+    "workers": "benchmarks.workers",
     "memory_growth": "benchmarks.memory_growth",
 }

@@ -61,8 +61,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# The end of `faux:demo`'s plain answer (its help text), which it gives to a mention it has no script for.
+LAST_LINE = "without running a tool twice."
+
+
 def lookup_text(key: str) -> str:
-    """What a user posts to run one scripted turn on `faux:demo`: the tool call, its result, the answer."""
+    """What a user posts to run one scripted turn on `faux:demo`: the tool call, its result, the answer.
+
+    Only when the mention is alone in its turn: recorded messages that came before it in the channel are folded
+    into the same user message, and the demo then reads the first of them and gives its plain answer."""
     return f'/call lookup {{"key": "{key}"}}'
 
 
