@@ -46,6 +46,7 @@ from harness_core.extensions import Extension, Hook, PromptInput, Registry, Sect
 from harness_core.harness import Harness, Inspection, TaskInspection
 from harness_core.logcontext import log_context, log_ids
 from harness_core.models import ModelInfo, ModelPrice, ModelRef, ModelRequest, Models
+from harness_core.partitions import partition_of_id, partition_of_key
 from harness_core.records import (
     CORE_ASSISTANT,
     CORE_COMPACTION,
@@ -202,6 +203,8 @@ __all__ = [
     "hook",
     "log_context",
     "log_ids",
+    "partition_of_id",
+    "partition_of_key",
     "replay_system",
     "run_detached_tool",
     "section",

@@ -90,13 +90,26 @@ Listener = Callable[[Publication], None]
 
 class Session:
     def __init__(
-        self, storage: Storage, *, next_id: int, last_seq: int, now: Callable[[], int] | None = None
+        self,
+        storage: Storage,
+        *,
+        next_id: int,
+        last_seq: int,
+        now: Callable[[], int] | None = None,
+        id_stride: int = 1,
+        id_offset: int = 0,
     ) -> None:
         from harness_core._layers import Published
 
+        if id_stride < 1 or not 0 <= id_offset < id_stride:
+            raise ValueError(f"id_offset {id_offset} must be in 0..{id_stride - 1} (id_stride {id_stride})")
         self.storage = storage
         self.published = Published()
-        self._next_id = max(next_id, 2)  # id 1 is reserved for the root conversation
+        # A partition of a shared store mints only its own ids (`id % id_stride == id_offset`), so ids are
+        # unique across the store and say their partition. Id 1 is reserved for the root conversation.
+        self.id_stride = id_stride
+        self.id_offset = id_offset
+        self._next_id = first_id_from(max(next_id, 2), id_stride, id_offset)
         self._next_seq = last_seq + 1
         self.last_seq = last_seq
         self.now: Callable[[], int] = now or (lambda: int(time.time() * 1000))
@@ -152,8 +165,12 @@ class Session:
 
     def mint_id(self) -> int:
         value = self._next_id
-        self._next_id += 1
+        self._next_id += self.id_stride
         return value
+
+    def owns_id(self, record_id: int) -> bool:
+        """Whether `record_id` belongs to this session's partition (always, on a one-process store)."""
+        return record_id % self.id_stride == self.id_offset
 
     # --- hooks and listeners ----------------------------------------------------------------------------------
 
@@ -297,6 +314,11 @@ class Session:
         if stored is None:
             return None
         return DocState(stored.record, stored.version, stored.value, stored.deltas_since_base)
+
+
+def first_id_from(start: int, stride: int, offset: int) -> int:
+    """The smallest id >= `start` with `id % stride == offset`."""
+    return start + (offset - start) % stride
 
 
 def _consume_exception(future: asyncio.Future[Any]) -> None:

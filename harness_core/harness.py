@@ -152,7 +152,14 @@ class Harness:
         from harness_core._builtin import install_builtins
 
         meta = await storage.meta()
-        session = Session(storage, next_id=meta.next_id, last_seq=meta.last_seq, now=now)
+        session = Session(
+            storage,
+            next_id=meta.next_id,
+            last_seq=meta.last_seq,
+            now=now,
+            id_stride=meta.id_stride,
+            id_offset=meta.id_offset,
+        )
         session.read_only = read_only
         registry = registry if registry is not None else Registry()
         install_builtins(registry)
@@ -301,7 +308,17 @@ class Harness:
     async def root(
         self, *, agent: AgentChange | None = None, init: Callable[[Tx, int], Any] | None = None
     ) -> ConversationHandle:
-        """The root conversation (id 1), created on first use with `agent`/`init`; later calls write nothing."""
+        """The root conversation (id 1), created on first use with `agent`/`init`; later calls write nothing.
+
+        On a store split into partitions it lives in partition `1 % partitions`: a harness over another
+        partition raises `InvalidOperation`."""
+        if not self.session.owns_id(ROOT_CONVERSATION_ID):
+            stride = self.session.id_stride
+            raise InvalidOperation(
+                f"the root conversation (id {ROOT_CONVERSATION_ID}) lives in partition "
+                f"{ROOT_CONVERSATION_ID % stride} of {stride}; this harness owns partition "
+                f"{self.session.id_offset}: use the harness of partition {ROOT_CONVERSATION_ID % stride}"
+            )
 
         async def create(tx: Tx) -> None:
             if await tx.conversation(ROOT_CONVERSATION_ID) is not None:

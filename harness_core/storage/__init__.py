@@ -4,6 +4,9 @@
 - `SqliteStorage`: aiosqlite, WAL, `synchronous=NORMAL` (or FULL with `durability="full"`); the default.
 - `JsonlStorage`: append-only files with one commit marker per commit.
 - `PostgresStorage`: asyncpg; shared by processes on several machines, one lease holder writes, standbys wait.
+  `PostgresStore` splits one database into partitions for many workers: `open_partition(p)` gives a
+  `PostgresStorage` bound to p; the store also carries ingress (exactly once across workers), the workers'
+  heartbeats and resource leases.
 
 Optional capability: `OperatorRequests` (a durable channel from operator commands to the running owner);
 `SqliteStorage` and `PostgresStorage` implement it.
@@ -14,7 +17,9 @@ from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
 from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres_ingress import IngressRecord, WorkerInfo
 from harness_core.storage._postgres_lease import Lease, LeaseHolder
+from harness_core.storage._postgres_store import PostgresStore, ResourceLease
 from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Order, Storage, StorageMeta
 from harness_core.storage._sqlite import SqliteStorage
 
@@ -23,6 +28,7 @@ __all__ = [
     "CopyReport",
     "DocChange",
     "DocCreate",
+    "IngressRecord",
     "JsonlStorage",
     "Lease",
     "LeaseHolder",
@@ -32,9 +38,12 @@ __all__ = [
     "OperatorRequests",
     "Order",
     "PostgresStorage",
+    "PostgresStore",
+    "ResourceLease",
     "SqliteStorage",
     "Storage",
     "StorageMeta",
+    "WorkerInfo",
     "copy_sqlite_to_postgres",
     "redact_url",
 ]

@@ -17,9 +17,11 @@ from typing import Any
 import aiosqlite
 
 from harness_core.errors import StorageError
-from harness_core.storage._postgres import _PARTITION, PostgresStorage
-from harness_core.storage._postgres_lease import FENCE
+from harness_core.storage._postgres import PostgresStorage
+from harness_core.storage._postgres_lease import FENCE, Lease
 from harness_core.storage._sqlite import SqliteStorage
+
+_PARTITION = 0  # a SQLite store is one process's: it becomes a store of one partition (PostgresStorage.open)
 
 # (table, SQLite columns read, PostgreSQL insert, index of the JSON column to encode). The partition column
 # is filled with the single partition.
@@ -119,8 +121,25 @@ async def _copy(
     report = CopyReport(
         source=source_description, target=target.description, next_id=next_id, last_seq=last_seq
     )
-    writer, lease = target._writer, target._lease
-    assert writer is not None and lease is not None
+    lease = target.lease
+    assert lease is not None
+    async with target.store.pool.acquire() as writer:
+        await _copy_rows(source_description, path, target, writer, lease, next_id, last_seq, report)
+    # The target's cached counters must not write the old (empty) values back at close.
+    target._next_id, target._last_seq, target._reserved = next_id, last_seq, (next_id, last_seq)
+    return report
+
+
+async def _copy_rows(
+    source_description: str,
+    path: Path,
+    target: PostgresStorage,
+    writer: Any,
+    lease: Lease,
+    next_id: int,
+    last_seq: int,
+    report: CopyReport,
+) -> None:
     for table, *_ in _TABLES:
         if await writer.fetchval(f"SELECT EXISTS (SELECT 1 FROM {table})"):
             raise StorageError(
@@ -154,6 +173,3 @@ async def _copy(
                     f"copy check failed: {table} has {stored} rows in the target, {len(rows[table])} in the source"
                 )
             report.rows[table] = stored
-    # The target's cached counters must not write the old (empty) values back at close.
-    target._next_id, target._last_seq, target._reserved = next_id, last_seq, (next_id, last_seq)
-    return report

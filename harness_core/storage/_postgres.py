@@ -1,14 +1,19 @@
-"""The PostgreSQL backend (asyncpg): a store shared by processes on several machines, one owner at a time.
+"""The PostgreSQL backend (asyncpg): a store shared by processes on several machines, one owner per partition.
 
 Same layout as the SQLite backend (each record is one row holding its JSON, a few indexed columns copied out),
-with ownership by a lease with fencing instead of a file lock (see `_postgres_lease`). One commit is one
-transaction on a dedicated writer connection: the fence first, then the batch's statements. Reads use the
-connection pool, so a long scan never queues ahead of a commit.
+with ownership by a lease with fencing instead of a file lock (see `_postgres_lease`). A `PostgresStorage` is
+bound to one partition of a store (`PostgresStore.open_partition`): every row it writes carries the partition,
+its ids are those of the partition (`id % partitions == partition`, see `StorageMeta.id_stride`), and the
+scans recovery uses (live tasks, submissions by status, conversations, global documents) see only its
+partition; reads by id see the whole store (a cross-partition read is a plain read, never fenced). One commit
+is one transaction on a pooled connection: the fence (the partition's lease epoch) first, then the batch's
+statements.
 
-`PostgresStorage.open(dsn)` takes the lease (or raises `StorageLocked`, or waits as a standby when
-`on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses commits: for operator commands
-while the bot runs. Both handles implement `OperatorRequests` (`_postgres_requests`), so such a command can
-hand a change to the running leader.
+`PostgresStorage.open(dsn)` is a whole store of one partition: it takes the lease (or raises `StorageLocked`,
+or waits as a standby when `on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses
+commits: for operator commands while the bot runs (it sees every partition). Both handles implement
+`OperatorRequests` (`_postgres_requests`), so such a command can hand a change to the running owner of the
+partition of its target.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -26,7 +31,6 @@ from pydantic import BaseModel
 from harness_core.errors import (
     LeaseLost,
     StorageClosed,
-    StorageCorrupt,
     StorageError,
     StorageRequestError,
 )
@@ -40,15 +44,7 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._operator import OperatorRequest, request_from_row
-from harness_core.storage._postgres_lease import (
-    FENCE,
-    RELEASED_CHANNEL,
-    Lease,
-    LeaseHolder,
-    lease_error,
-    new_holder_id,
-    try_take,
-)
+from harness_core.storage._postgres_lease import FENCE, Lease, LeaseHolder
 from harness_core.storage._postgres_requests import (
     CLAIM,
     FINISH,
@@ -59,7 +55,6 @@ from harness_core.storage._postgres_requests import (
     to_text,
 )
 from harness_core.storage._postgres_requests import GET as GET_REQUEST
-from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, stored_version
 from harness_core.storage._protocol import CommitBatch, StorageMeta
 from harness_core.storage._sql_plan import CommitPlan, plan_or_refuse
 from harness_core.storage._sql_reads import MAX_SEQ, SqlRecordReads, wants_contents
@@ -68,41 +63,41 @@ M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R", Conversation, Entry, Task, Submission)
 T = TypeVar("T")
 
+if TYPE_CHECKING:
+    from harness_core.storage._postgres_store import PostgresStore
+
 log = logging.getLogger("harness_core.storage")
 
-_PARTITION = 0  # one partition for the whole store until the many-workers change
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
-# The rows of a commit (see `_sql_plan`) carry no partition: the statements write it.
-_INSERT_CONVERSATION = (
-    f"INSERT INTO conversations (id, partition, owner_task_id, record) VALUES ($1, {_PARTITION}, $2, $3)"
-)
-_INSERT_ENTRY = (
-    "INSERT INTO entries (id, partition, conversation_id, head, record) "
-    f"VALUES ($1, {_PARTITION}, $2, $3, $4)"
-)
-_UPSERT_TASK = (
-    "INSERT INTO tasks (id, partition, conversation_id, kind, live, record) "
-    f"VALUES ($1, {_PARTITION}, $2, $3, $4, $5) "
+
+# The rows of a commit (see `_sql_plan`) carry no partition: the first five statements take it as their last
+# parameter (appended to each row), so the statement texts are the same for every partition (asyncpg's
+# statement cache keeps one prepared statement per text, not one per partition).
+_STATEMENTS = (
+    "INSERT INTO conversations (id, owner_task_id, record, partition) VALUES ($1, $2, $3, $4)",
+    "INSERT INTO entries (id, conversation_id, head, record, partition) VALUES ($1, $2, $3, $4, $5)",
+    "INSERT INTO tasks (id, conversation_id, kind, live, record, partition) VALUES ($1, $2, $3, $4, $5, $6) "
     "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
-    "live = excluded.live, record = excluded.record"
+    "live = excluded.live, record = excluded.record",
+    # ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
+    "INSERT INTO submissions (id, conversation_id, request_id, status, record, partition) "
+    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET "
+    "conversation_id = excluded.conversation_id, request_id = excluded.request_id, "
+    "status = excluded.status, record = excluded.record",
+    "INSERT INTO doc_records (id, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, record, "
+    "partition) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
 )
-# ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
-_UPSERT_SUBMISSION = (
-    "INSERT INTO submissions (id, partition, conversation_id, request_id, status, record) "
-    f"VALUES ($1, {_PARTITION}, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, "
-    "request_id = excluded.request_id, status = excluded.status, record = excluded.record"
-)
-_INSERT_DOC = (
-    "INSERT INTO doc_records (id, partition, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, "
-    f"record) VALUES ($1, {_PARTITION}, $2, $3, $4, $5, $6, $7, $8, $9)"
-)
+_PARTITIONED = len(_STATEMENTS)
+
+
 _INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES ($1, $2, $3, $4, $5)"
 # A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
 _RECLAIM_BEFORE_BASE = (
     "DELETE FROM doc_contents WHERE doc_id = $1 AND (seq, part) < ($2, $3) "
     "AND NOT (SELECT rewindable FROM doc_records WHERE id = $1)"
 )
+_ALL_STATEMENTS = (*_STATEMENTS, _INSERT_CONTENT, _RECLAIM_BEFORE_BASE)
 _RETIRE = (
     "UPDATE doc_records d SET retired_seq = r.seq FROM unnest($1::bigint[], $2::bigint[]) AS r(seq, id) "
     "WHERE d.id = r.id"
@@ -114,7 +109,6 @@ _RECLAIM_RETIRED = (
 _UPDATE_META = (
     "UPDATE meta SET next_id = GREATEST(next_id, $2), last_seq = GREATEST(last_seq, $3) WHERE partition = $1"
 )
-_READ_META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
 _NEWEST_BASE = (
     "SELECT seq, part FROM doc_contents WHERE doc_id = $1 AND is_base AND seq <= $2 "
     "ORDER BY seq DESC, part DESC LIMIT 1"
@@ -143,19 +137,9 @@ def _json(record: BaseModel) -> bytes:
     return record.model_dump_json(exclude_none=True).encode("utf-8")
 
 
-_STATEMENTS = (
-    _INSERT_CONVERSATION,
-    _INSERT_ENTRY,
-    _UPSERT_TASK,
-    _UPSERT_SUBMISSION,
-    _INSERT_DOC,
-    _INSERT_CONTENT,
-    _RECLAIM_BEFORE_BASE,
-)
-
-
 class PostgresStorage(SqlRecordReads):
-    """A PostgreSQL database. Open with `await PostgresStorage.open(dsn)`; one lease holder writes at a time."""
+    """One partition of a PostgreSQL store (from `PostgresStore.open_partition`, or the whole store of one
+    partition from `await PostgresStorage.open(dsn)`); one lease holder writes a partition at a time."""
 
     _numbered = True
     _LATEST_HEAD = (
@@ -165,16 +149,19 @@ class PostgresStorage(SqlRecordReads):
 
     def __init__(
         self,
-        description: str,
-        pool: asyncpg.Pool,
-        writer: asyncpg.pool.PoolConnectionProxy | None,
+        store: PostgresStore,
+        partition: int | None,
         lease: Lease | None,
         meta: StorageMeta,
+        *,
+        owns_store: bool,
     ) -> None:
-        self._description = description
-        self._pool = pool
-        self._writer = writer
+        self._store = store
+        self._description = store.description
+        self._pool = store.pool
+        self._partition = partition
         self._lease = lease
+        self._owns_store = owns_store
         self._next_id = meta.next_id
         self._last_seq = meta.last_seq
         # As in SQLite: the meta row holds a reservation above what is used, written (fenced) only when
@@ -190,54 +177,37 @@ class PostgresStorage(SqlRecordReads):
         read_only: bool = False,
         lease_ttl: float = 10.0,
         on_standby: Callable[[LeaseHolder], None] | None = None,
-        pool_size: int = 4,  # connections for reads; the writer and the lease renewal hold one more each
+        pool_size: int = 4,  # connections for reads; commits take one more, the lease renewal has its own
         connect_timeout: float = 10.0,
     ) -> PostgresStorage:
-        """Connect, migrate the schema, take the store's lease.
+        """Connect, migrate the schema, take the store's lease (a store of one partition: the leader/standby
+        shape; a store of more partitions is refused, naming its count).
 
         When another process holds the lease: raise `StorageLocked` naming it, or, with `on_standby`, call it
         once with the holder and wait until the lease is free (released, or expired after `lease_ttl`).
-        `read_only=True` takes no lease and migrates nothing; `commit()` is refused.
+        `read_only=True` takes no lease and migrates nothing; `commit()` is refused; it sees every partition.
+        The handle owns its connections: `close()` closes them.
         """
-        if lease_ttl <= 0:
-            raise ValueError(f"lease_ttl must be positive, not {lease_ttl!r}")
-        description = redact_url(dsn)
-        try:
-            pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=max(pool_size, 1) + 2, timeout=connect_timeout, command_timeout=60
-            )
-        except _DRIVER_ERRORS as exc:
-            raise StorageError(f"cannot open storage {description}: {exc}") from exc
-        except ValueError as exc:  # a malformed DSN; asyncpg's message never includes the password
-            raise StorageError(f"storage url {description} is not valid: {exc}") from exc
-        try:
-            if read_only:
-                async with pool.acquire() as conn:
-                    version = await stored_version(conn)
-                    if version != SCHEMA_VERSION:
-                        found = "no harness store" if version is None else f"schema version {version}"
-                        raise StorageError(
-                            f"storage {description} holds {found} (this build reads version {SCHEMA_VERSION}); "
-                            "start the bot once to create or migrate it"
-                        )
-                    meta = await _read_meta(conn)
-                return cls(description, pool, None, None, meta)
-            writer = await pool.acquire()
+        from harness_core.storage._postgres_store import PostgresStore
+
+        if read_only:
+            store = await PostgresStore.open_read_only(dsn, connect_timeout=connect_timeout)
             try:
-                await migrate(writer, description)
-                lease = await _take_lease(pool, writer, description, lease_ttl, on_standby)
-                meta = await _read_meta(writer)
+                meta = await store.read_meta(0)
             except BaseException:
-                await pool.release(writer)
+                await store.close()
                 raise
-            lease.start()
-            return cls(description, pool, writer, lease, meta)
-        except _DRIVER_ERRORS as exc:
-            await _close_pool(pool)
-            raise StorageError(f"storage {description}: open failed: {exc}") from exc
+            return cls(store, None, None, meta, owns_store=True)
+        store = await PostgresStore.open(
+            dsn, partitions=1, lease_ttl=lease_ttl, pool_size=pool_size + 1, connect_timeout=connect_timeout
+        )
+        try:
+            handle = await store.wait_partition(0, on_standby)
         except BaseException:
-            await _close_pool(pool)
+            await store.close()
             raise
+        handle._owns_store = True
+        return handle
 
     @classmethod
     async def open_read_only(cls, dsn: str, *, connect_timeout: float = 10.0) -> PostgresStorage:
@@ -250,6 +220,20 @@ class PostgresStorage(SqlRecordReads):
         return self._description
 
     @property
+    def store(self) -> PostgresStore:
+        return self._store
+
+    @property
+    def partition(self) -> int | None:
+        """The partition this handle writes (None for a read-only handle, which sees every partition)."""
+        return self._partition
+
+    @property
+    def partitions(self) -> int:
+        """The store's partition count."""
+        return self._store.partitions
+
+    @property
     def read_only(self) -> bool:
         return self._lease is None
 
@@ -260,7 +244,8 @@ class PostgresStorage(SqlRecordReads):
         return self._lease
 
     def check_owner(self) -> None:
-        """Raise `LeaseLost` unless this process still safely owns the store (by its own monotonic clock)."""
+        """Raise `LeaseLost` unless this process still safely owns the partition (by its own monotonic
+        clock)."""
         if self._lease is not None:
             self._lease.check()
 
@@ -279,11 +264,19 @@ class PostgresStorage(SqlRecordReads):
 
     async def meta(self) -> StorageMeta:
         self._check()
-        return StorageMeta(next_id=self._next_id, last_seq=self._last_seq)
+        return StorageMeta(
+            next_id=self._next_id,
+            last_seq=self._last_seq,
+            id_stride=self.partitions,
+            id_offset=self._partition if self._partition is not None else 0,
+        )
+
+    def _own(self) -> list[tuple[str, Any]]:
+        return [] if self._partition is None else [("partition = ?", self._partition)]
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
-        if self._writer is None or self._lease is None:
+        if self._lease is None or self._partition is None:
             raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
         last = self._last_seq
         for batch in batches:
@@ -293,15 +286,21 @@ class PostgresStorage(SqlRecordReads):
         if not batches:
             return
         self._lease.check()
-        plan = plan_or_refuse(batches, self._next_id, self._reserved, _json, self._description)
+        plan = plan_or_refuse(
+            batches, self._next_id, self._reserved, _json, self._description, id_stride=self.partitions
+        )
         try:
-            await self._write(self._writer, self._lease, plan)
+            async with self._pool.acquire() as conn:
+                try:
+                    await self._write(conn, self._lease, plan)
+                except asyncio.CancelledError:
+                    # Outcome uncertain: drop the connection (the server rolls back unless COMMIT already
+                    # landed) and resync the cached meta from what is stored.
+                    conn.terminate()
+                    raise
         except asyncio.CancelledError:
-            # Outcome uncertain: drop the connection (the server rolls back unless COMMIT already landed) and
-            # resync the cached meta from what is stored.
-            self._writer.terminate()
             with contextlib.suppress(Exception):
-                await self._reopen_writer()
+                await self._resync_meta()
             raise
         except LeaseLost:
             raise
@@ -321,16 +320,18 @@ class PostgresStorage(SqlRecordReads):
             epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
             if epoch != lease.epoch:
                 reason = (
-                    f"storage {self._description}: the lease was taken over (epoch {epoch} > {lease.epoch}); "
-                    "this process stops"
+                    f"storage {self._description}: the lease of partition {lease.partition} was taken over "
+                    f"(epoch {epoch} > {lease.epoch}); this process stops writing it"
                     if epoch is not None
-                    else f"storage {self._description}: the lease is no longer ours; this process stops"
+                    else f"storage {self._description}: the lease of partition {lease.partition} is no "
+                    "longer ours; this process stops writing it"
                 )
                 lease.mark_lost(reason)
                 raise LeaseLost(reason)
-            for sql, rows in plan.statements(_STATEMENTS):
+            for n, (sql, rows) in enumerate(plan.statements(_ALL_STATEMENTS)):
                 if rows:
-                    await conn.executemany(sql, rows)
+                    own = [(*row, lease.partition) for row in rows] if n < _PARTITIONED else rows
+                    await conn.executemany(sql, own)
             if plan.retires:
                 retire_ids = [doc_id for _, doc_id in plan.retires]
                 status = await conn.execute(_RETIRE, [seq for seq, _ in plan.retires], retire_ids)
@@ -338,14 +339,12 @@ class PostgresStorage(SqlRecordReads):
                     raise StorageError(f"commit retires an unknown document (ids {retire_ids})")
                 await conn.execute(_RECLAIM_RETIRED, retire_ids)
             if plan.reserve is not None:
-                await conn.execute(_UPDATE_META, _PARTITION, *plan.reserve)
+                await conn.execute(_UPDATE_META, lease.partition, *plan.reserve)
 
-    async def _reopen_writer(self) -> None:
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                await self._pool.release(self._writer)
-        self._writer = await self._pool.acquire()
-        meta = await _read_meta(self._writer)
+    async def _resync_meta(self) -> None:
+        if self._partition is None:
+            return
+        meta = await self._store.read_meta(self._partition)
         self._next_id, self._last_seq = meta.next_id, meta.last_seq
         self._reserved = (self._next_id, self._last_seq)
 
@@ -382,6 +381,9 @@ class PostgresStorage(SqlRecordReads):
             else:
                 params.append(value)
                 sql += f" AND {column} = ${len(params)}"
+        if scope_id is None and self._partition is not None:  # a global document: each partition has its own
+            params.append(self._partition)
+            sql += f" AND partition = ${len(params)}"
         if at_seq is None:
             sql += " AND retired_seq IS NULL"
         else:
@@ -424,6 +426,9 @@ class PostgresStorage(SqlRecordReads):
         sql = "SELECT retired_seq, record FROM doc_records WHERE scope = $1"
         if scope_id is None:
             sql += " AND scope_id IS NULL"
+            if self._partition is not None:  # global documents: each partition has its own
+                params.append(self._partition)
+                sql += f" AND partition = ${len(params)}"
         else:
             params.append(scope_id)
             sql += f" AND scope_id = ${len(params)}"
@@ -453,10 +458,20 @@ class PostgresStorage(SqlRecordReads):
         # stays pending for the successor (every kind is idempotent).
         return self._lease is not None and not self._lease.valid()
 
+    def _request_partition(self, args: dict[str, Any]) -> int:
+        """The partition whose owner carries out a request: that of its target task or gate (`id %
+        partitions`), else this handle's (0 for a read-only handle)."""
+        for name in ("task", "gate"):
+            target = args.get(name)
+            if type(target) is int:
+                return target % self.partitions
+        return self._partition or 0
+
     async def put_operator_request(self, kind: str, args: dict[str, Any]) -> int:
         text = to_text(args)
+        partition = self._request_partition(args)
         found = await self._request_call(
-            "queue an operator request", lambda conn: conn.fetchval(PUT, _PARTITION, kind, text)
+            "queue an operator request", lambda conn: conn.fetchval(PUT, partition, kind, text)
         )
         return int(found)
 
@@ -476,7 +491,7 @@ class PostgresStorage(SqlRecordReads):
         if self._lease_gone():
             return []
         rows = await self._request_call(
-            "read operator requests", lambda conn: conn.fetch(PENDING, _PARTITION, limit)
+            "read operator requests", lambda conn: conn.fetch(PENDING, self._partition or 0, limit)
         )
         return [request_from_row(row) for row in rows]
 
@@ -506,79 +521,28 @@ class PostgresStorage(SqlRecordReads):
         return changed(found)
 
     async def close(self) -> None:
-        """Write the exact meta (fenced), release the lease at once, close the connections."""
+        """Write the exact meta (fenced), release the partition's lease at once (NOTIFY). The store's
+        connections stay open, unless this handle came from `PostgresStorage.open` (then it closes them)."""
         if self._closed:
             return
         self._closed = True
         try:
-            if self._writer is not None and self._lease is not None and self._lease.valid():
+            lease = self._lease
+            if lease is not None and lease.valid():
                 with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
                     # Exact values instead of the reservation; harmless if it fails (the reservation stays).
-                    async with self._writer.transaction():
-                        epoch = await self._writer.fetchval(FENCE, self._lease.partition, self._lease.holder)
-                        if epoch == self._lease.epoch:
-                            await self._writer.execute(
+                    async with self._pool.acquire(timeout=5) as conn, conn.transaction():
+                        epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
+                        if epoch == lease.epoch:
+                            await conn.execute(
                                 "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
-                                _PARTITION,
+                                lease.partition,
                                 self._next_id,
                                 self._last_seq,
                             )
-            if self._lease is not None:
-                await self._lease.release()
-            if self._writer is not None:
-                with contextlib.suppress(Exception):
-                    await self._pool.release(self._writer)
+            if lease is not None:
+                await lease.release()
         finally:
-            await _close_pool(self._pool)
-
-
-async def _read_meta(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> StorageMeta:
-    row = await conn.fetchrow(_READ_META, _PARTITION)
-    if row is None:
-        raise StorageCorrupt("storage meta row is missing")
-    return StorageMeta(next_id=int(row[0]), last_seq=int(row[1]))
-
-
-async def _take_lease(
-    pool: asyncpg.Pool,
-    conn: asyncpg.pool.PoolConnectionProxy,
-    description: str,
-    ttl: float,
-    on_standby: Callable[[LeaseHolder], None] | None,
-) -> Lease:
-    holder = new_holder_id()
-    margin = min(2.0, ttl / 5)
-    released = asyncio.Event()
-    listening = False
-
-    def wake(*_: object) -> None:
-        released.set()
-
-    try:
-        while True:
-            released.clear()
-            got = await try_take(conn, _PARTITION, holder, ttl)
-            if not isinstance(got, LeaseHolder):
-                epoch, sent = got
-                return Lease(pool, description, _PARTITION, holder, epoch, sent, ttl, margin)
-            if on_standby is None:
-                raise lease_error(description, got)
-            if not listening:
-                # A graceful release wakes us at once; polling covers an expiry (and a lost notification).
-                await conn.add_listener(RELEASED_CHANNEL, wake)
-                listening = True
-                on_standby(got)
-                continue  # released between the first try and LISTEN: try again before waiting
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(released.wait(), min(0.5, ttl / 4))
-    finally:
-        if listening:
-            with contextlib.suppress(*_DRIVER_ERRORS):
-                await conn.remove_listener(RELEASED_CHANNEL, wake)
-
-
-async def _close_pool(pool: asyncpg.Pool) -> None:
-    try:
-        await asyncio.wait_for(pool.close(), timeout=5)
-    except (TimeoutError, *_DRIVER_ERRORS):
-        pool.terminate()
+            self._store.forget(self)
+            if self._owns_store:
+                await self._store.close()

@@ -12,8 +12,8 @@ holder renews it every `ttl / 3`. Two guards follow from it:
   which is no earlier, so a paused or partitioned holder stops trusting its lease before anyone else can take
   it. Platform writes check this before going out (`check()`).
 
-A graceful stop releases the row at once (holder NULL, expiry in the past), so a standby takes over within its
-poll interval.
+A graceful stop releases the row at once (holder NULL, expiry in the past) and NOTIFYs, so a standby takes over
+at once. A store renews all the leases it holds with one statement on one connection (`LeaseRenewer`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 
@@ -42,11 +41,6 @@ ON CONFLICT (partition) DO UPDATE
 SET holder = excluded.holder, pid = excluded.pid, host = excluded.host, epoch = l.epoch + 1,
     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
 WHERE l.holder IS NULL OR l.expires_at <= now()
-RETURNING epoch
-"""
-_RENEW = """
-UPDATE leases SET expires_at = now() + make_interval(secs => $4)
-WHERE partition = $1 AND holder = $2 AND epoch = $3
 RETURNING epoch
 """
 _RELEASE = """
@@ -103,7 +97,8 @@ async def try_take(
 
 
 class Lease:
-    """A held lease. Renews itself in a background task it owns (`start()`/`release()`)."""
+    """A held lease (of a partition, or of a resource with a negative id). Renewed by its store's
+    `LeaseRenewer` together with every other lease the store holds; `release()` frees it at once."""
 
     def __init__(
         self,
@@ -115,6 +110,7 @@ class Lease:
         sent: float,
         ttl: float,
         margin: float,
+        renewer: LeaseRenewer | None = None,
     ) -> None:
         self._pool = pool
         self._description = description
@@ -125,95 +121,69 @@ class Lease:
         self.margin = margin
         self._valid_until = sent + ttl - margin
         self._lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._renewing: asyncio.Task[None] | None = None
-        self._conn: Any = None  # the renewal connection (a pool connection held by the renewal task)
-        self._on_lost: list[Callable[[str], None]] = []
+        self._renewer = renewer
+        self._released = False
 
     def start(self) -> None:
-        self._renewing = asyncio.create_task(self._renew_loop(), name="postgres-lease-renewal")
+        """Hand the lease to its renewer (kept for callers of the single-lease shape)."""
+        if self._renewer is not None:
+            self._renewer.add(self)
 
     @property
     def lost(self) -> asyncio.Future[str]:
         """Resolves with the reason once the lease is lost (never when it is released)."""
         return self._lost
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def valid(self) -> bool:
-        return not self._lost.done() and time.monotonic() < self._valid_until
+        return not self._released and not self._lost.done() and time.monotonic() < self._valid_until
 
     def check(self) -> None:
         """Raise `LeaseLost` unless the lease is still safely valid by this process's monotonic clock."""
         if self._lost.done():
             raise LeaseLost(self._lost.result())
+        if self._released:
+            raise LeaseLost(f"storage {self._description}: the lease of {self._what()} was released")
         if time.monotonic() >= self._valid_until:
             self.mark_lost(
-                f"storage {self._description}: the lease was not renewed in time "
-                f"(ttl {self.ttl:g} s); another process may own the store now"
+                f"storage {self._description}: the lease of {self._what()} was not renewed in time "
+                f"(ttl {self.ttl:g} s); another process may own it now"
             )
             raise LeaseLost(self._lost.result())
+
+    def _what(self) -> str:
+        return f"partition {self.partition}" if self.partition >= 0 else f"resource {self.partition}"
 
     def mark_lost(self, reason: str) -> None:
         if not self._lost.done():
             log.error("%s", reason)
             self._lost.set_result(reason)
 
-    async def _renew_loop(self) -> None:
-        # On a connection of its own, held for the lease's life: busy readers can never starve a renewal.
-        wait = self.ttl / 3
-        try:
-            while not self._lost.done():
-                await asyncio.sleep(wait)
-                sent = time.monotonic()
-                if sent >= self._valid_until:
-                    self.check_silently()
-                    return
-                try:
-                    epoch = await self._renew_once(sent)
-                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                    log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
-                    await self._drop_connection()
-                    wait = min(self.ttl / 3, 0.5)  # retry soon: the lease is still valid for a while
-                    continue
-                if epoch is None:
-                    await self._lost_to_successor()
-                    return
-                self._valid_until = sent + self.ttl - self.margin
-                wait = self.ttl / 3
-        finally:
-            await self._drop_connection()
-
-    async def _renew_once(self, sent: float) -> Any:
-        budget = max(self._valid_until - sent, 0.01)
-        if self._conn is None:
-            self._conn = await self._pool.acquire(timeout=budget)
-        return await self._conn.fetchval(
-            _RENEW, self.partition, self.holder, self.epoch, self.ttl, timeout=min(budget, self.ttl / 3)
-        )
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn, timeout=1)
+    def renewed(self, sent: float) -> None:
+        self._valid_until = max(self._valid_until, sent + self.ttl - self.margin)
 
     def check_silently(self) -> None:
         with contextlib.suppress(LeaseLost):
             self.check()
 
-    async def _lost_to_successor(self) -> None:
+    async def lost_to_successor(self) -> None:
         successor = None
         with contextlib.suppress(Exception):
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(timeout=2) as conn:
                 successor = await who_holds(conn, self.partition)
         by = f" by {successor.describe()}" if successor is not None else ""
         self.mark_lost(f"storage {self._description}: the lease was taken over{by}; this process stops")
 
     async def release(self) -> None:
-        """Stop renewing and free the row at once, so a standby takes over without waiting for the expiry."""
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
-            self._renewing = None
+        """Stop renewing and free the row at once (NOTIFY), so a standby takes over without waiting."""
+        if self._released:
+            return
+        self._released = True
+        if self._renewer is not None:
+            self._renewer.discard(self)
         if self._lost.done():
             return
         try:
@@ -225,6 +195,110 @@ class Lease:
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # The lease then simply expires after its ttl.
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
+
+
+# Every lease a store holds, renewed by one statement (`leases` spelled first: operators grep for it).
+_RENEW_ALL = """
+UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+FROM unnest($1::int[], $2::bigint[]) AS h(partition, epoch)
+WHERE leases.partition = h.partition AND leases.epoch = h.epoch AND leases.holder = $4
+RETURNING leases.partition
+"""
+
+
+class LeaseRenewer:
+    """Renews every lease of one store (one holder) with one statement on one connection of its own, every
+    `ttl / 3`: 64 partitions cost one connection and one round trip, and busy readers can never starve a
+    renewal. A lease missing from the answer was taken over: it is marked lost."""
+
+    def __init__(
+        self, connect: Callable[[], Awaitable[asyncpg.Connection]], description: str, holder: str, ttl: float
+    ) -> None:
+        self._connect = connect
+        self._description = description
+        self.holder = holder
+        self.ttl = ttl
+        self._leases: dict[int, Lease] = {}
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def add(self, lease: Lease) -> None:
+        self._leases[lease.partition] = lease
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="postgres-lease-renewal")
+
+    def discard(self, lease: Lease) -> None:
+        if self._leases.get(lease.partition) is lease:
+            del self._leases[lease.partition]
+
+    def held(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    async def _loop(self) -> None:
+        wait = self.ttl / 3
+        try:
+            while True:
+                await asyncio.sleep(wait)
+                leases = [lease for lease in self._leases.values() if not lease.lost.done()]
+                if not leases:
+                    wait = self.ttl / 3
+                    continue
+                sent = time.monotonic()
+                for lease in leases:  # past its validity: nothing to renew any more
+                    if sent >= lease._valid_until:
+                        lease.check_silently()
+                leases = [lease for lease in leases if not lease.lost.done()]
+                if not leases:
+                    continue
+                budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
+                try:
+                    renewed = await self._renew(leases, min(budget, self.ttl / 3))
+                except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
+                    await self._drop_connection()
+                    wait = min(self.ttl / 3, 0.5)  # retry soon: the leases are still valid for a while
+                    continue
+                for lease in leases:
+                    if lease.partition in renewed:
+                        lease.renewed(sent)
+                    elif self._leases.get(lease.partition) is lease and not lease.released:
+                        await lease.lost_to_successor()
+                wait = self.ttl / 3
+        finally:
+            await self._drop_connection()
+
+    async def _renew(self, leases: list[Lease], timeout: float) -> set[int]:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncio.wait_for(self._connect(), timeout)
+        conn = self._conn
+        assert conn is not None
+        rows = await conn.fetch(
+            _RENEW_ALL,
+            [lease.partition for lease in leases],
+            [lease.epoch for lease in leases],
+            self.ttl,
+            self.holder,
+            timeout=timeout,
+        )
+        return {int(row[0]) for row in rows}
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 1)
+            if not conn.is_closed():
+                conn.terminate()
+
+    async def close(self) -> None:
+        """Stop renewing (held leases then expire after their ttl unless released first)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._drop_connection()
 
 
 def lease_error(description: str, holder: LeaseHolder) -> StorageError:

@@ -6,6 +6,9 @@ without the lease, and the leader polls and finishes them. Statements that chang
 only a `pending` row (`WHERE status = 'pending'`): PostgreSQL re-checks that condition after waiting for a
 concurrent update of the row, so of a withdrawal and a finish racing for one request exactly one wins.
 
+Each request carries the partition of its target (`task`/`gate` id modulo the partition count: ids say their
+partition), and a partition's owner takes only its partition's requests.
+
 Times are the server's clock (ms since the epoch), so `finished_at - created_at` is measured by one clock even
 when the command and the bot run on different machines. Arguments and outcomes are JSON text (ASCII-escaped,
 so a U+0000 in them is stored as its escape, which PostgreSQL text accepts).

@@ -9,8 +9,11 @@ records (`python -m benchmarks postgres`, benchmarks/RESULTS.md) bytea inserts f
 refuse strings holding U+0000 (valid strict JSON) and reorder object keys, so a reopened context would not be
 byte-identical to the one the model saw. The other columns exist only to be indexed.
 
-Every row carries its `partition` (§9 of the design): one partition (0) for now; the many-workers change
-spreads lineages over more without a new layout.
+Every row carries its `partition` (§9 of the design). Version 3 records the store's partition count (fixed
+when the store is created; a store that already held data is one partition), and adds the store-wide tables of
+many workers: `ingress` (platform events taken in by any worker, for the partition's owner) and `workers`
+(who is alive, for balancing). Leases of partitions have ids >= 0; other resources (a Discord shard) use
+negative ids in the same table.
 """
 
 from __future__ import annotations
@@ -127,6 +130,48 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX operator_requests_pending ON operator_requests (partition, id) WHERE status = 'pending'",
         ),
     ),
+    (
+        3,
+        (
+            # The partition count, written by the first open that names one (`PostgresStore.open`); a store
+            # that already holds data was written by one process as partition 0: it is one partition.
+            """CREATE TABLE store_shape (
+                one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+                partitions INTEGER NOT NULL CHECK (partitions >= 1)
+            )""",
+            """INSERT INTO store_shape (partitions) SELECT 1
+                WHERE EXISTS (SELECT 1 FROM meta WHERE next_id > 1 OR last_seq > 0)
+                   OR EXISTS (SELECT 1 FROM conversations)
+                   OR EXISTS (SELECT 1 FROM operator_requests)""",
+            # An untouched store: each partition's meta row is written by its first open (its first id).
+            "DELETE FROM meta WHERE NOT EXISTS (SELECT 1 FROM store_shape)",
+            # Exactly once across workers: `key` (a platform message id) is unique over the whole store.
+            # `payload` is strict JSON text (ASCII-escaped, so U+0000 and every code point fit `text`).
+            """CREATE TABLE ingress (
+                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                key TEXT NOT NULL UNIQUE,
+                partition INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                payload TEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                finished_at BIGINT
+            )""",
+            "CREATE INDEX ingress_pending ON ingress (partition, id) WHERE finished_at IS NULL",
+            """CREATE TABLE workers (
+                holder TEXT PRIMARY KEY,
+                pid INTEGER,
+                host TEXT,
+                started_at BIGINT NOT NULL,
+                expires_at TIMESTAMPTZ NOT NULL,
+                draining BOOLEAN NOT NULL DEFAULT FALSE
+            )""",
+            # Recovery scans of one partition (live tasks, submissions by status, global documents).
+            "CREATE INDEX tasks_by_partition ON tasks (partition, live, id)",
+            "CREATE INDEX submissions_by_partition ON submissions (partition, status, id)",
+            "CREATE INDEX conversations_by_partition ON conversations (partition, id)",
+            "CREATE INDEX doc_records_by_partition ON doc_records (partition, scope, scope_id, id)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -166,3 +211,21 @@ async def migrate(conn: asyncpg.Connection, description: str, *, upto: int = SCH
         return current
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+async def store_partitions(conn: asyncpg.Connection, description: str, partitions: int | None) -> int:
+    """The store's partition count: recorded by the first open that names one (`partitions`); a later open
+    naming another count is refused (the count is fixed: ids and places are spread by it)."""
+    if partitions is not None:
+        await conn.execute(
+            "INSERT INTO store_shape (partitions) VALUES ($1) ON CONFLICT DO NOTHING", partitions
+        )
+    stored = await conn.fetchval("SELECT partitions FROM store_shape")
+    if stored is None:
+        return 1  # nothing recorded yet and nobody asked: a read-only look at a fresh store
+    if partitions is not None and int(stored) != partitions:
+        raise StorageError(
+            f"storage {description} has {stored} partitions, not {partitions} as configured: the count is "
+            f"fixed when a store is created; set [storage] partitions = {stored} (or use a new database)"
+        )
+    return int(stored)

@@ -92,6 +92,10 @@ class CommitBatch:
 class StorageMeta:
     next_id: int
     last_seq: int
+    # A partition of a shared store mints only ids with `id % id_stride == id_offset` (from `next_id` on), so
+    # ids are unique across the store and say their partition. One-process backends: stride 1, offset 0.
+    id_stride: int = 1
+    id_offset: int = 0
 
 
 @runtime_checkable

@@ -103,10 +103,16 @@ def plan_commit(batches: Sequence[CommitBatch], next_id: int, dump: Dump) -> Com
 
 
 def plan_or_refuse(
-    batches: Sequence[CommitBatch], next_id: int, reserved: tuple[int, int], dump: Dump, description: str
+    batches: Sequence[CommitBatch],
+    next_id: int,
+    reserved: tuple[int, int],
+    dump: Dump,
+    description: str,
+    *,
+    id_stride: int = 1,
 ) -> CommitPlan:
     """Plan a commit (ids from `next_id` on) and reserve a new block when it passes
-    `reserved`. A value that cannot be serialized (the harness checks values first, so only a caller of the
+    `reserved` (`ID_BLOCK` ids of this partition: a partition mints every `id_stride`-th id). A value that cannot be serialized (the harness checks values first, so only a caller of the
     storage itself gets here) refuses the commit with `StrictJsonError`: nothing was written, so the outcome
     is certain, unlike a failure of the write."""
     try:
@@ -114,5 +120,5 @@ def plan_or_refuse(
     except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
         raise StrictJsonError(f"storage {description} refused a commit before writing it: {exc}") from exc
     if plan.next_id > reserved[0] or plan.last_seq > reserved[1]:
-        plan.reserve = (plan.next_id + ID_BLOCK, plan.last_seq + SEQ_BLOCK)
+        plan.reserve = (plan.next_id + ID_BLOCK * id_stride, plan.last_seq + SEQ_BLOCK)
     return plan

@@ -67,6 +67,11 @@ class SqlRecordReads:
         """Rows of a scan (a backend may run scans on a connection of their own)."""
         raise NotImplementedError
 
+    def _own(self) -> list[tuple[str, Any]]:
+        """Filters that keep a scan to this handle's own rows (a partition of a shared store), for scans not
+        already narrowed by an id: recovery must see only what this handle owns; reads by id see all."""
+        return []
+
     def _mark(self, n: int) -> str:
         return f"${n}" if self._numbered else "?"
 
@@ -120,7 +125,7 @@ class SqlRecordReads:
         limit: int = 100,
         cursor: dict[str, Any] | None = None,
     ) -> Page[Conversation]:
-        filters = [] if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
+        filters = self._own() if owner_task_id is None else [("owner_task_id = ?", owner_task_id)]
         return await self._scan(Conversation, "conversations", "conversations", filters, order, limit, cursor)
 
     async def entry(self, entry_id: int) -> Entry | None:
@@ -169,6 +174,8 @@ class SqlRecordReads:
             filters.append(("live = ?", live))  # SQLite binds a bool as 0/1
         if conversation_id is not None:
             filters.append(("conversation_id = ?", conversation_id))
+        else:
+            filters.extend(self._own())
         if kind is not None:
             filters.append(("kind = ?", kind))
         return await self._scan(Task, "tasks", "tasks", filters, order, limit, cursor)
@@ -197,6 +204,8 @@ class SqlRecordReads:
         filters: list[tuple[str, Any]] = []
         if conversation_id is not None:
             filters.append(("conversation_id = ?", conversation_id))
+        else:
+            filters.extend(self._own())
         if status is not None:
             filters.append(("status = ?", status))
         return await self._scan(Submission, "submissions", "submissions", filters, order, limit, cursor)

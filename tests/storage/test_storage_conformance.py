@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from harness_core.storage import JsonlStorage, MemoryStorage, PostgresStorage, SqliteStorage, Storage
+from harness_core.storage import (
+    JsonlStorage,
+    MemoryStorage,
+    PostgresStorage,
+    PostgresStore,
+    SqliteStorage,
+    Storage,
+)
 from harness_core.testing import register_storage_conformance
 
 
@@ -69,3 +77,33 @@ async def reopen_postgres(storage: Storage, tmp_path: Path) -> Storage:
 
 
 register_storage_conformance(globals(), "postgres", open_postgres, reopen=reopen_postgres)
+
+
+# One partition (5 of 8) of a store shared by many workers: the same contract, with ids and scans of its own.
+# The handle leaves the store's connections open (other partitions use them); the fixture closes the stores.
+_stores: list[PostgresStore] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_partitioned_stores() -> AsyncIterator[None]:
+    yield
+    while _stores:
+        await _stores.pop().close()
+
+
+async def open_postgres_partition(tmp_path: Path) -> Storage:
+    store = await PostgresStore.open(_pg["url"], partitions=8)
+    _stores.append(store)
+    handle = await store.open_partition(5)
+    assert isinstance(handle, PostgresStorage)
+    return handle
+
+
+async def reopen_postgres_partition(storage: Storage, tmp_path: Path) -> Storage:
+    await storage.close()
+    return await open_postgres_partition(tmp_path)
+
+
+register_storage_conformance(
+    globals(), "postgres-partition", open_postgres_partition, reopen=reopen_postgres_partition
+)

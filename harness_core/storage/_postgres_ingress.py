@@ -1,0 +1,104 @@
+"""Store-wide tables of many workers: `ingress` (events any worker took in, for a partition's owner) and
+`workers` (who is alive, for balancing). Each call is one short autocommit statement on a pooled connection;
+none is fenced (any worker writes ingress, each worker its own row).
+
+Ingress is exactly once across workers: the key (a platform message id) is unique over the store, and a second
+put of it from any worker does nothing and says so. A put NOTIFYs the partition's channel in the same statement
+(delivered on commit), so the owner takes it in at once; the owner also polls (`pending_ingress`), so a lost
+notification only delays. Payloads are strict JSON (`clean_json`: text from outside is made valid, anything
+that is not JSON is refused before any I/O), stored as ASCII-escaped JSON text, so they read back equal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from harness_core._json import clean_json
+from harness_core.errors import StrictJsonError
+
+INGRESS_CHANNEL = "durable_bots_ingress"  # payload: the partition
+WORKERS_CHANNEL = "durable_bots_workers"  # payload: the holder that joined, left or started draining
+
+NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+PUT_INGRESS = f"""
+WITH put AS (
+    INSERT INTO ingress (key, partition, kind, payload, created_at) VALUES ($1, $2, $3, $4, {NOW_MS})
+    ON CONFLICT (key) DO NOTHING RETURNING id
+)
+SELECT id, pg_notify('{INGRESS_CHANNEL}', $2::text) FROM put
+"""
+PENDING_INGRESS = """
+SELECT id, partition, kind, key, payload, created_at FROM ingress
+WHERE partition = ANY($1::int[]) AND finished_at IS NULL ORDER BY id LIMIT $2
+"""
+FINISH_INGRESS = f"UPDATE ingress SET finished_at = {NOW_MS} WHERE id = $1 AND finished_at IS NULL"
+# Only finished records, and only old ones: a key must outlive the platform's redeliveries of its event.
+PRUNE_INGRESS = f"DELETE FROM ingress WHERE finished_at IS NOT NULL AND finished_at < {NOW_MS} - $1"
+
+# The CTE reads the row as it was before the upsert: a new row, a row that had expired (a worker back after
+# a pause) or a change of `draining` is news for the other workers.
+HEARTBEAT = f"""
+WITH before AS (SELECT draining, expires_at > now() AS live FROM workers WHERE holder = $1)
+INSERT INTO workers AS w (holder, pid, host, started_at, expires_at, draining)
+VALUES ($1, $2, $3, {NOW_MS}, now() + make_interval(secs => $4), $5)
+ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at, draining = excluded.draining,
+    started_at = CASE WHEN w.expires_at > now() THEN w.started_at ELSE excluded.started_at END
+RETURNING (SELECT count(*) FROM before WHERE live AND draining = $5) = 0
+"""
+LIVE_WORKERS = """
+SELECT holder, pid, host, started_at, draining FROM workers WHERE expires_at > now() ORDER BY holder
+"""
+LEAVE = "DELETE FROM workers WHERE holder = $1"
+
+
+@dataclass(frozen=True)
+class IngressRecord:
+    """An event taken in by some worker, waiting for (or done by) its partition's owner."""
+
+    id: int
+    partition: int
+    kind: str
+    key: str
+    payload: dict[str, Any]
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A live worker (its row has not expired)."""
+
+    holder: str
+    pid: int | None
+    host: str | None
+    started_ms: int
+    draining: bool
+
+
+def ingress_payload_text(key: str, payload: dict[str, Any]) -> str:
+    """The payload as stored, or `StrictJsonError` naming the key and the offending path."""
+    if type(payload) is not dict:
+        raise StrictJsonError(
+            f"ingress payload for key {key!r} must be a JSON object, not {type(payload).__name__}"
+        )
+    clean = clean_json(payload, f"ingress payload for key {key!r}")
+    return json.dumps(clean, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
+def ingress_from_row(row: Any) -> IngressRecord:
+    return IngressRecord(
+        id=int(row[0]),
+        partition=int(row[1]),
+        kind=str(row[2]),
+        key=str(row[3]),
+        payload=json.loads(row[4]),
+        created_ms=int(row[5]),
+    )
+
+
+def worker_from_row(row: Any) -> WorkerInfo:
+    return WorkerInfo(
+        holder=str(row[0]), pid=row[1], host=row[2], started_ms=int(row[3]), draining=bool(row[4])
+    )

@@ -1,0 +1,221 @@
+"""Ingress and workers on a PostgreSQL store shared by many workers (issue 16): an event put by any worker is
+stored exactly once and wakes the owner (LISTEN/NOTIFY); payloads are strict JSON, refused before any I/O
+otherwise; heartbeats, draining and leaving are seen by the other workers. Real cluster, no mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness_core import clean_json
+from harness_core.errors import StorageRequestError, StrictJsonError
+from harness_core.storage import PostgresStore
+
+
+async def test_the_same_key_put_concurrently_by_two_workers_is_stored_once(pg_url: str) -> None:
+    a = await PostgresStore.open(pg_url, partitions=4)
+    b = await PostgresStore.open(pg_url, partitions=4)
+    try:
+        keys = [f"slack:T1:C{n % 3}:{n}" for n in range(40)]
+        results = await asyncio.gather(
+            *(
+                store.put_ingress(n % 4, "message", key, {"n": n})
+                for n, key in enumerate(keys)
+                for store in (a, b)
+            )
+        )
+        assert [results[2 * i] + results[2 * i + 1] for i in range(len(keys))] == [1] * len(keys)
+        pending = await b.pending_ingress(range(4), limit=1000)
+        assert sorted(r.key for r in pending) == sorted(keys)
+        assert [r.id for r in pending] == sorted(r.id for r in pending)
+        # A worker that gets the same event again later (a Slack retry on another connection) adds nothing.
+        assert not await a.put_ingress(0, "message", keys[0], {"n": 0})
+        mine = await a.pending_ingress([1], limit=1000)
+        assert {r.partition for r in mine} == {1} and len(mine) == 10
+        for record in mine:
+            await a.finish_ingress(record.id)
+        await a.finish_ingress(mine[0].id)  # twice is harmless
+        assert await a.pending_ingress([1]) == []
+        assert len(await a.pending_ingress([0, 2, 3], limit=1000)) == 30
+        assert await a.pending_ingress([]) == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_put_wakes_the_owner_in_another_store(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=8)
+    other = await PostgresStore.open(pg_url, partitions=8)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        stop = owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        assert await other.put_ingress(6, "click", "slack:action:1", {"value": "approve"})
+        assert await asyncio.wait_for(woken.get(), 5) == 6
+        assert not await other.put_ingress(6, "click", "slack:action:1", {"value": "approve"})
+        await asyncio.sleep(0.3)
+        assert woken.empty()  # a duplicate wakes nobody
+        [record] = await owner.pending_ingress([6])
+        assert (record.kind, record.key, record.payload, record.partition) == (
+            "click",
+            "slack:action:1",
+            {"value": "approve"},
+            6,
+        )
+        assert record.created_ms > 0
+        stop()
+        assert await other.put_ingress(6, "click", "slack:action:2", {})
+        await asyncio.sleep(0.3)
+        assert woken.empty()  # unsubscribed
+    finally:
+        await owner.close()
+        await other.close()
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"x": math.nan}, "x"),
+        ({"tags": {"a", "b"}}, "tags"),
+        ({"deep": {1: "non-string key"}}, "deep"),
+        ({"n": 2**70}, "n"),
+        (["not", "an", "object"], "JSON object"),
+    ],
+)
+async def test_a_bad_payload_is_refused_before_anything_is_written(
+    pg_url: str, payload: Any, fragment: str
+) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        with pytest.raises(StrictJsonError) as info:
+            await store.put_ingress(1, "message", "slack:bad", payload)
+        assert "slack:bad" in str(info.value) and fragment in str(info.value)
+        assert await store.pool.fetchval("SELECT count(*) FROM ingress") == 0
+        with pytest.raises(StorageRequestError, match="0 to 1"):
+            await store.put_ingress(2, "message", "slack:ok", {})
+        with pytest.raises(StorageRequestError, match="key"):
+            await store.put_ingress(0, "message", "nul\x00key", {})
+        assert await store.put_ingress(0, "message", "slack:bad", {"fine": True})  # the key is still free
+    finally:
+        await store.close()
+
+
+# Any code point, lone surrogates and U+0000 included (st.text() alone never draws surrogates).
+_outside_text = st.text(
+    st.characters(codec=None, categories=["Cs", "Cc", "L", "N", "P", "S", "Z"]), max_size=12
+)
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _outside_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_outside_text, children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=st.dictionaries(_outside_text, _json_values, max_size=5), key=_outside_text)
+def test_payloads_read_back_as_the_strict_json_they_clean_to(
+    pg_url: str, payload: dict[str, Any], key: str
+) -> None:
+    """Text from outside (lone surrogates, U+0000, any code point) is kept as `clean_json` makes it."""
+
+    async def run() -> None:
+        store = await PostgresStore.open(pg_url, partitions=1)
+        try:
+            if not key or not key.isprintable() or any(0xD800 <= ord(c) <= 0xDFFF for c in key):
+                with pytest.raises(StorageRequestError):
+                    await store.put_ingress(0, "message", key, payload)
+                return
+            await store.pool.execute("DELETE FROM ingress")
+            assert await store.put_ingress(0, "message", key, payload)
+            [record] = await store.pending_ingress([0])
+            assert record.key == key
+            assert record.payload == clean_json(payload)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+async def test_workers_see_each_other_join_drain_and_leave(pg_url: str) -> None:
+    a = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5, holder="worker-a")
+    b = await PostgresStore.open(pg_url, partitions=4, lease_ttl=1.5, holder="worker-b")
+    try:
+        changes: asyncio.Queue[None] = asyncio.Queue()
+        stop = a.on_change(lambda: changes.put_nowait(None))
+        await a.listening()
+        await a.heartbeat()
+        await b.heartbeat()
+        await asyncio.wait_for(changes.get(), 5)  # b joined (a's own join may come too)
+        workers = await a.live_workers()
+        assert [w.holder for w in workers] == ["worker-a", "worker-b"]
+        assert not any(w.draining for w in workers) and all(w.pid and w.host for w in workers)
+        while not changes.empty():
+            changes.get_nowait()
+        await b.heartbeat()  # nothing new: no notification
+        await asyncio.sleep(0.3)
+        assert changes.empty()
+        await b.heartbeat(draining=True)
+        await asyncio.wait_for(changes.get(), 5)
+        assert [w.draining for w in await a.live_workers()] == [False, True]
+        await b.leave()
+        await asyncio.wait_for(changes.get(), 5)
+        assert [w.holder for w in await a.live_workers()] == ["worker-a"]
+        await asyncio.sleep(2.0)  # a's heartbeat expires without renewal: a dead worker drops out
+        assert await b.live_workers() == []
+        stop()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_dropped_listen_connection_is_replaced(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=2)
+    other = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        killed = await other.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'durable-bots listen' AND datname = current_database()"
+        )
+        assert killed == 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        n = 0
+        while woken.empty():  # puts sent while reconnecting are lost (the owner polls for those)
+            assert loop.time() < deadline, "the LISTEN connection was not replaced"
+            n += 1
+            await other.put_ingress(1, "message", f"k{n}", {})
+            await asyncio.sleep(0.2)
+        assert woken.get_nowait() == 1
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_only_old_finished_records_are_pruned(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=1)
+    try:
+        for key in ("old", "recent", "open"):
+            assert await store.put_ingress(0, "message", key, {})
+        records = {r.key: r for r in await store.pending_ingress([0])}
+        await store.finish_ingress(records["old"].id)
+        await store.finish_ingress(records["recent"].id)
+        await store.pool.execute("UPDATE ingress SET finished_at = finished_at - 120000 WHERE key = 'old'")
+        assert await store.prune_ingress(finished_for=60) == 1
+        keys = [r[0] for r in await store.pool.fetch("SELECT key FROM ingress ORDER BY id")]
+        assert keys == ["recent", "open"]
+        assert await store.put_ingress(0, "message", "old", {})  # its key is free again
+        assert not await store.put_ingress(0, "message", "recent", {})
+    finally:
+        await store.close()
