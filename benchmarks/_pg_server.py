@@ -168,9 +168,3 @@ class Probe:
 
 def _lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
-
-
-def dsn_with(url: str, **settings: str) -> str:
-    """`url` with server settings added as query parameters (asyncpg passes unknown ones to the server)."""
-    extra = "&".join(f"{key}={value}" for key, value in settings.items())
-    return f"{url}{'&' if '?' in url else '?'}{extra}"
