@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import BENCHMARKS
 from benchmarks._env import Options
-from benchmarks.workers import cases
+from benchmarks.workers import cases, label
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,9 +46,9 @@ def test_intake_latency_measures_the_bridge_and_both_slack_paths(tmp_path: Path)
 
 def test_workers_runs_the_load_against_each_worker_count(tmp_path: Path) -> None:
     stdout = run_tiny("workers", tmp_path)
-    for workers, _ in cases(Options(tiny=True)):
-        label = f"{workers} worker{'s' if workers > 1 else ''}"
+    for workers, partitions in cases(Options(tiny=True)):
+        name = label(workers, partitions)
         for figure in ("intake p99", "answered turns/s", "answer p99"):
-            assert f"{label}: {figure}" in stdout, (label, figure)
+            assert f"{name}: {figure}" in stdout, (name, figure)
     assert "not acked" not in stdout  # every event reached a worker and was acknowledged
     assert "never answered" not in stdout  # every mention was answered, by whichever worker owns its channel
