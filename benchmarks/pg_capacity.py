@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import psutil
 
 from adapters.slack.testing import FakeSlack
 from benchmarks._bot_process import LAST_LINE, READY, BotProcess, lookup_text
@@ -67,6 +68,7 @@ class PerUnit:
     full_page_bytes: float
     cpu_ms: float
     bot_commits: float = 0.0
+    worker_cpu_ms: float = 0.0  # the bot process's own CPU per unit (turn costs only)
 
     @classmethod
     def of(cls, activity: Activity, units: int, idle: Activity | None = None) -> PerUnit:
@@ -109,6 +111,11 @@ async def turn_costs(
             try:
                 await bot.wait_for(READY, 60)
                 mention = f"<@{fake.bot_user_id}> "
+                process = psutil.Process(bot.pid)
+
+                def bot_cpu() -> float:
+                    times = process.cpu_times()
+                    return float(times.user + times.system)
 
                 async def answered_turn(n: int) -> None:
                     channel = channels[n % CHANNELS]
@@ -143,6 +150,7 @@ async def turn_costs(
                 idle = await probe.since(start, time.monotonic() - began)
 
                 before = await bot.metrics()
+                cpu = bot_cpu()
                 start, began = await probe.mark(), time.monotonic()
                 for n in range(turns):
                     await answered_turn(n)
@@ -150,9 +158,11 @@ async def turn_costs(
                 activity = await probe.since(start, time.monotonic() - began)
                 after = await bot.metrics()
                 per_turn = PerUnit.of(activity, turns, idle)
+                per_turn.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / turns
                 per_turn.bot_commits = (after[COMMITS] - before[COMMITS]) / turns
 
                 before = after
+                cpu = bot_cpu()
                 start, began = await probe.mark(), time.monotonic()
                 for n in range(turns):
                     await plain_turn(n)
@@ -160,8 +170,10 @@ async def turn_costs(
                 activity = await probe.since(start, time.monotonic() - began)
                 after = await bot.metrics()
                 per_plain = PerUnit.of(activity, turns, idle)
+                per_plain.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / turns
                 per_plain.bot_commits = (after[COMMITS] - before[COMMITS]) / turns
 
+                cpu = bot_cpu()
                 start, began = await probe.mark(), time.monotonic()
                 for n in range(recorded):
                     post = await fake.user_posts(
@@ -172,6 +184,7 @@ async def turn_costs(
                 activity = await probe.since(start, time.monotonic() - began)
                 again = await bot.metrics()
                 per_message = PerUnit.of(activity, recorded, idle)
+                per_message.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / recorded
                 per_message.bot_commits = (again[COMMITS] - after[COMMITS]) / recorded
             finally:
                 await bot.stop()
@@ -361,6 +374,7 @@ async def run(options: Options) -> Report:
         report.add(f"{label}: bot storage commits", unit.bot_commits, "", "the bot's commit_seconds_count")
         report.add(f"{label}: WAL bytes", unit.wal_bytes, "B")
         report.add(f"{label}: server CPU", unit.cpu_ms, "ms", "reads included")
+        report.add(f"{label}: worker CPU", unit.worker_cpu_ms, "ms", "the bot process")
     idle = costs.idle
     report.add(
         "idle worker: WAL",

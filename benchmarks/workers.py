@@ -38,6 +38,7 @@ PARTITIONS = 64  # the contract's default `[storage] partitions`
 GOAL_WORKERS = 2
 GOAL_P99 = 0.010
 COMMITS = "durable_bots_commit_seconds_count"
+COMMIT_SECONDS = "durable_bots_commit_seconds_sum"
 
 
 def partitions_supported() -> bool:
@@ -65,6 +66,7 @@ class Outcome:
     server_cpu: float = 0.0
     wal_bytes: int = 0
     transactions: int = 0  # the workers' storage commits during the load and the drain (`/metrics`)
+    commit_seconds: float = 0.0  # the time those storage commits took, summed
     load_average: float = 0.0  # the machine's 1-minute load average as the load started (others share it)
 
 
@@ -206,11 +208,10 @@ async def one_case(
             outcome.worker_cpu = process_cpu(pids) - cpu_before
             metrics_after = [await bot.metrics() for bot in bots]
             outcome.server_cpu, outcome.wal_bytes = activity.cpu, activity.wal_bytes
-            outcome.transactions = int(
-                sum(
-                    a.get(COMMITS, 0) - b.get(COMMITS, 0)
-                    for a, b in zip(metrics_after, metrics_before, strict=True)
-                )
+            pairs = list(zip(metrics_after, metrics_before, strict=True))
+            outcome.transactions = int(sum(a.get(COMMITS, 0) - b.get(COMMITS, 0) for a, b in pairs))
+            outcome.commit_seconds = sum(
+                a.get(COMMIT_SECONDS, 0) - b.get(COMMIT_SECONDS, 0) for a, b in pairs
             )
             # The k-th answer in a channel after the warm-up answers the k-th mention there.
             done: list[float] = []
@@ -313,7 +314,8 @@ async def run(options: Options) -> Report:
             outcome.server_cpu,
             "s CPU",
             f"WAL {outcome.wal_bytes / 2**20:.1f} MiB, {outcome.transactions:,} storage commits "
-            f"({outcome.transactions / max(1, len(outcome.answer_delays)):.1f} per answered turn, intake included)",
+            f"({outcome.transactions / max(1, len(outcome.answer_delays)):.1f} per answered turn, intake included; "
+            f"{outcome.commit_seconds * 1000 / max(1, outcome.transactions):.1f} ms each on average)",
         )
         report.note(f"{name}: load average {outcome.load_average:.2f} as the load started (2 cores)")
         if outcome.failed:
