@@ -66,6 +66,7 @@ class Outcome:
     server_cpu: float = 0.0
     wal_bytes: int = 0
     transactions: int = 0  # the workers' storage commits during the load and the drain (`/metrics`)
+    forwarded: int = 0  # ingress records: events taken in by a worker that does not own their channel
     commit_seconds: float = 0.0  # the time those storage commits took, summed
     load_average: float = 0.0  # the machine's 1-minute load average as the load started (others share it)
 
@@ -109,6 +110,17 @@ def answers(fake: FakeSlack) -> dict[str, list[float]]:
     for (channel, _), at in sorted(final.items(), key=lambda item: float(item[0][1])):
         found.setdefault(channel, []).append(at)
     return found
+
+
+async def ingress_records(url: str) -> int:
+    """How many ingress records the store holds (0 for a store without the table)."""
+    conn = await asyncpg.connect(url)
+    try:
+        if not await conn.fetchval("SELECT to_regclass('ingress') IS NOT NULL"):
+            return 0
+        return int(await conn.fetchval("SELECT count(*) FROM ingress"))
+    finally:
+        await conn.close()
 
 
 def process_cpu(pids: list[int]) -> float:
@@ -213,6 +225,7 @@ async def one_case(
             outcome.commit_seconds = sum(
                 a.get(COMMIT_SECONDS, 0) - b.get(COMMIT_SECONDS, 0) for a, b in pairs
             )
+            outcome.forwarded = await ingress_records(url)
             # The k-th answer in a channel after the warm-up answers the k-th mention there.
             done: list[float] = []
             for channel, asked in arrivals.items():
@@ -307,7 +320,8 @@ async def run(options: Options) -> Report:
             f"{name}: worker CPU",
             outcome.worker_cpu,
             "s",
-            f"all workers, load + drain; events per connection {sorted(outcome.per_connection.values())}",
+            f"all workers, load + drain; events per connection {sorted(outcome.per_connection.values())}; "
+            f"{outcome.forwarded:,} ingress records (warm-up included)",
         )
         report.add(
             f"{name}: server",
