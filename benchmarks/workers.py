@@ -64,6 +64,7 @@ class Outcome:
     per_connection: dict[int, int] = field(default_factory=dict)  # events acked per Socket Mode connection
     worker_cpu: float = 0.0  # CPU seconds of every worker process during the load and the drain
     server_cpu: float = 0.0
+    slack_cpu: float = 0.0  # this process: the fake Slack and the load
     wal_bytes: int = 0
     transactions: int = 0  # the workers' storage commits during the load and the drain (`/metrics`)
     forwarded: int = 0  # ingress records: events taken in by a worker that does not own their channel
@@ -195,7 +196,7 @@ async def one_case(
 
             forwarded_before = await ingress_records(url)
             pids = [bot.pid for bot in bots]
-            cpu_before = process_cpu(pids)
+            cpu_before, own_before = process_cpu(pids), time.process_time()
             metrics_before = [await bot.metrics() for bot in bots]
             mark = await probe.mark()
             outcome.load_average = os.getloadavg()[0]
@@ -219,6 +220,7 @@ async def one_case(
             found = answers(fake)
             activity = await probe.since(mark, loop.time() - began, records=False)
             outcome.worker_cpu = process_cpu(pids) - cpu_before
+            outcome.slack_cpu = time.process_time() - own_before
             metrics_after = [await bot.metrics() for bot in bots]
             outcome.server_cpu, outcome.wal_bytes = activity.cpu, activity.wal_bytes
             pairs = list(zip(metrics_after, metrics_before, strict=True))
@@ -322,7 +324,7 @@ async def run(options: Options) -> Report:
             outcome.worker_cpu,
             "s",
             f"all workers, load + drain; events per connection {sorted(outcome.per_connection.values())}; "
-            f"{outcome.forwarded:,} ingress records",
+            f"{outcome.forwarded:,} ingress records; the fake Slack and the load {outcome.slack_cpu:.1f} s",
         )
         report.add(
             f"{name}: server",
