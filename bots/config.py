@@ -88,6 +88,9 @@ class StorageSection(_Section):
     durability: Literal["normal", "full"] = "normal"
     url: str | None = None  # "postgresql://user@host/db" or "sqlite:///var/ops.sqlite"
     lease_ttl: float = Field(default=10.0, gt=0, le=600)  # PostgreSQL: how long a dead owner holds the store
+    # PostgreSQL: how many partitions the store is split into, fixed when the store is created (workers share
+    # them out; 1 = one leader and standbys). SQLite ignores it: one process owns the file.
+    partitions: int = Field(default=64, ge=1, le=1024)
 
     @field_validator("url")
     @classmethod

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from adapters.base import Adapter
-from adapters.bridge import Bridge
+from adapters.bridge import Bridge, RateGovernor
 from adapters.health import health_of
 from harness_core import CORE_TOOL_RESULT, Harness, Publication
 from harness_core.messages import AssistantMessage, ToolResultMessage
@@ -99,6 +99,9 @@ class BotMetrics:
         self.bridge: Bridge | None = None
         self.harness: Harness | None = None
         self.adapters: Sequence[Adapter] = ()
+        # A worker with several partitions: every (harness, bridge) it runs now, and its shared governors.
+        self._parts: Callable[[], Sequence[tuple[Harness, Bridge]]] | None = None
+        self._governors: Callable[[], dict[str, RateGovernor]] | None = None
 
     # --- wiring -----------------------------------------------------------------------------------------------
 
@@ -107,6 +110,16 @@ class BotMetrics:
         function that unsubscribes."""
         self.harness, self.bridge, self.adapters = harness, bridge, adapters
         return harness.add_publication_listener(self.on_publication)
+
+    def bind_parts(
+        self,
+        parts: Callable[[], Sequence[tuple[Harness, Bridge]]],
+        governors: Callable[[], dict[str, RateGovernor]],
+        adapters: Sequence[Adapter],
+    ) -> None:
+        """A worker (bots/workers.py): read every partition it runs at scrape time, summed; tool runs are
+        counted by subscribing `on_publication` to each partition's harness while it runs."""
+        self._parts, self._governors, self.adapters = parts, governors, adapters
 
     def on_publication(self, publication: Publication) -> None:
         for entry in publication.entries:
@@ -122,31 +135,31 @@ class BotMetrics:
         self._sampler = sampler
 
     async def sample(self) -> Sample:
-        """Read counters and gauges of the running bot. Runs in the event loop."""
+        """Read counters and gauges of the running bot (of every partition a worker runs, summed). Runs in the
+        event loop."""
         found = Sample()
-        bridge = self.bridge
-        if bridge is not None:
-            stats = bridge.stats
-            found.taken_in = dict(stats.taken_in)
-            found.duplicates = dict(stats.duplicates)
-            found.answers = dict(stats.answers_delivered)
-            found.decided = dict(stats.approvals_decided)
-            for platform, governor in bridge.governors().items():
-                found.writes[platform] = governor.writes
-                found.rate_limited[platform] = governor.rate_limited
-            found.approvals_pending = sum(
-                1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
+        if self._parts is not None:
+            parts = list(self._parts())
+        else:
+            parts = (
+                [(self.harness, self.bridge)] if self.harness is not None and self.bridge is not None else []
             )
+        shared = self._governors() if self._governors is not None else None
+        if shared is not None:
+            _add_governors(found, shared)
+        for harness, bridge in parts:
+            _add_bridge(found, bridge)
+            if shared is None:
+                _add_governors(found, bridge.governors())
+            if not harness.closed.done():
+                inspection = await harness.inspect()
+                found.parked += len(inspection.parked())
+                found.inbox_depth += sum(1 for s in inspection.submissions if s.status == "queued")
         for adapter in self.adapters:
             health = health_of(adapter)
             if health is not None:
                 found.reconnects[health.platform] = health.reconnects
                 found.connected[health.platform] = health.connected
-        harness = self.harness
-        if harness is not None and not harness.closed.done():
-            inspection = await harness.inspect()
-            found.parked = len(inspection.parked())
-            found.inbox_depth = sum(1 for s in inspection.submissions if s.status == "queued")
         return found
 
     # --- wrappers that measure --------------------------------------------------------------------------------
@@ -156,6 +169,27 @@ class BotMetrics:
 
     def storage(self, inner: Storage) -> Storage:
         return _TimedStorage(inner, self)
+
+
+def _add_governors(found: Sample, governors: dict[str, RateGovernor]) -> None:
+    for platform, governor in governors.items():
+        found.writes[platform] = found.writes.get(platform, 0) + governor.writes
+        found.rate_limited[platform] = found.rate_limited.get(platform, 0) + governor.rate_limited
+
+
+def _add_bridge(found: Sample, bridge: Bridge) -> None:
+    stats = bridge.stats
+    for mine, theirs in (
+        (found.taken_in, stats.taken_in),
+        (found.duplicates, stats.duplicates),
+        (found.answers, stats.answers_delivered),
+        (found.decided, stats.approvals_decided),
+    ):
+        for key, value in theirs.items():
+            mine[key] = mine.get(key, 0) + value
+    found.approvals_pending += sum(
+        1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
+    )
 
 
 class _ScrapeCollector(Collector):

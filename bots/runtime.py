@@ -278,6 +278,14 @@ async def open_storage(
         try:
             if read_only:
                 return await PostgresStorage.open_read_only(target.url)
+            if config.storage.partitions > 1:
+                # Its partitions belong to the workers (`run`): operator commands read beside them and pass
+                # retry/cancel/decide to the owner of the target's partition as requests.
+                raise BotError(
+                    f"the store is split into {config.storage.partitions} partitions, owned by the workers "
+                    "(`durable-bots run`); only a worker opens it for writing",
+                    EXIT_LOCKED,
+                )
             return await PostgresStorage.open(
                 target.url, lease_ttl=config.storage.lease_ttl, on_standby=on_standby
             )
@@ -368,7 +376,12 @@ def _report(error: BaseException) -> None:
 async def sync_agents(runtime: Runtime) -> int:
     """Bring every channel and thread conversation to the configured model, instructions and tools (a
     conversation stores its agent when created; a changed config should reach the old ones too)."""
-    places = await runtime.harness.family(PlaceDoc)
+    return await sync_conversations(runtime.harness, runtime.agent)
+
+
+async def sync_conversations(harness: Harness, agent: AgentChange) -> int:
+    """`sync_agents` for one harness (a worker runs one per partition)."""
+    places = await harness.family(PlaceDoc)
     ids = sorted({int(v["conversation_id"]) for v in places.values() if v.get("conversation_id") is not None})
     changed: list[int] = []
 
@@ -377,14 +390,14 @@ async def sync_agents(runtime: Runtime) -> int:
             stored = await tx.snapshot(AgentDoc, conversation_id)
             if stored is None:
                 continue
-            wanted = runtime.agent.apply(stored)
+            wanted = agent.apply(stored)
             if wanted != stored:
                 draft = await tx.doc(AgentDoc, conversation_id)
                 draft.value = wanted
                 changed.append(conversation_id)
 
     if ids:
-        await runtime.harness.commit(commit)
+        await harness.commit(commit)
     return len(changed)
 
 
@@ -544,15 +557,28 @@ async def run_bot(
     ambiguous = approver_problems(config, names)  # `--adapter` may run more adapters than the config enables
     if ambiguous:
         raise BotError("; ".join(str(problem) for problem in ambiguous))
+    target = config.storage_target(env)
+    workers = target.kind == "postgres" and config.storage.partitions > 1
+    if workers:
+        from bots.workers import refuse_devchat, worker_adapter_options  # late: bots.workers builds on this
+
+        refuse_devchat(config, names)
     factories = {name: adapter_factory(config, name) for name in names}
     adapters: list[tuple[Adapter, dict[str, Any]]] = []
     for name in names:
         options = config.adapter_options(name)
+        if workers:
+            options = worker_adapter_options(name, options)
         try:
             adapter = factories[name](options, env)
         except Exception as exc:
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
+    if workers:  # a store split into partitions: this process is one of the workers sharing them
+        from bots.workers import run_workers
+
+        assert target.url is not None
+        return await run_workers(config, adapters, env, target.url, console=console, stop=stop)
     metrics = BotMetrics()
     started: list[Adapter] = []
     phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"

@@ -107,7 +107,9 @@ class Harness:
         self._on_report = on_report
         self._env_factory = env
         self.scheduler = Scheduler(self)
-        self.context_cache = ContextCache()
+        self.context_cache = ContextCache(
+            capacity=settings.context_cache_conversations, max_bytes=settings.context_cache_bytes
+        )
         self.tool_runs = ToolRuns()  # tool executions in progress, named by the lag watchdog
         self.watchdog = LoopWatchdog(lambda: self.settings.watchdog, self.tool_runs)
         self._task_waiters: dict[int, list[asyncio.Future[Task]]] = {}

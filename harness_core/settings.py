@@ -78,3 +78,7 @@ class HarnessSettings:
     context_retention_ms: int = 600_000
     tools: ToolSettings = field(default_factory=ToolSettings)
     watchdog: WatchdogSettings = field(default_factory=WatchdogSettings)
+    # The cache of each conversation's active range (entries read back for prompts): bytes and conversations
+    # held at most. A process running several harnesses (one per owned partition) gives each a share.
+    context_cache_bytes: int = 8 * 2**20
+    context_cache_conversations: int = 512

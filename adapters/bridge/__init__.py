@@ -6,6 +6,7 @@ from adapters.bridge.bridge import Bridge
 from adapters.bridge.delivery import is_reply_key
 from adapters.bridge.docs import ApprovalDoc, MessageDoc, PlaceDoc, PlaceOfDoc, ReplyDoc
 from adapters.bridge.governor import RateGovernor
+from adapters.bridge.ingress import Ingress, IngressPayloadError, IngressRecordLike
 from adapters.bridge.intake import IntakeResult
 from adapters.bridge.model import (
     BridgeConfig,
@@ -19,6 +20,9 @@ from adapters.bridge.model import (
     TransportError,
 )
 from adapters.bridge.outside import PayloadTooDeep, may_hold_surrogates, valid_payload, valid_text
+from adapters.bridge.partitions import partition_of_gate, partition_of_place
+from adapters.bridge.router import Router
+from adapters.bridge.surface import BridgeLike
 from adapters.bridge.text import split_text
 from adapters.bridge.transport import GateView, Transport
 
@@ -27,6 +31,7 @@ __all__ = [
     "ApprovalPolicy",
     "Bridge",
     "BridgeConfig",
+    "BridgeLike",
     "ChannelPolicy",
     "ClickOrigin",
     "Decision",
@@ -34,6 +39,9 @@ __all__ = [
     "EditExpired",
     "GateView",
     "IncomingMessage",
+    "Ingress",
+    "IngressPayloadError",
+    "IngressRecordLike",
     "IntakeResult",
     "MessageDoc",
     "MessageGone",
@@ -44,10 +52,13 @@ __all__ = [
     "RateGovernor",
     "ReplyDoc",
     "RetryLater",
+    "Router",
     "Transport",
     "TransportError",
     "is_reply_key",
     "may_hold_surrogates",
+    "partition_of_gate",
+    "partition_of_place",
     "split_text",
     "valid_payload",
     "valid_text",

@@ -26,7 +26,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -64,7 +64,7 @@ log = logging.getLogger("adapters.bridge")
 
 GATE_TASK = "bridge.gate"
 Action = Literal["approve", "deny", "withdraw"]
-_STATUS_OF: dict[str, str] = {"approve": "approved", "deny": "denied", "withdraw": "withdrawn"}
+STATUS_OF: dict[str, str] = {"approve": "approved", "deny": "denied", "withdraw": "withdrawn"}
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,9 @@ class Decision:
     # unknown_gate | already_decided | expired | not_an_approver | self_approval | not_the_requester |
     # wrong_message
     decided_at: int | None = None  # ms, when the gate was decided (for "already approved by lead at 14:02")
+    # The click reached a worker that does not own the gate: it was committed for the owner, who decides it
+    # (acknowledge the platform; the card shows the outcome once the owner has decided).
+    forwarded: bool = False
 
 
 @dataclass(frozen=True)
@@ -400,20 +403,19 @@ class Approvals:
         gate = await harness.snapshot(ApprovalDoc, key=str(gate_id))
         if gate is None:
             return Decision(False, "unknown", reason="unknown_gate")
-        if origin is not None and not await self._on_own_message(gate_id, gate, origin):
-            return Decision(False, str(gate.get("status")), reason="wrong_message")
-        if gate.get("status") != "pending":
-            return _already(gate)
-        requester = (gate.get("requester") or {}).get("user_id")
-        if action == "withdraw":
-            if requester is None or requester != user_id:
-                return Decision(False, "pending", reason="not_the_requester")
-        elif not operator:
-            platforms = len(self.bridge.transports)
-            if not is_approver(gate, platform, user_id, user_groups, platforms=platforms):
-                return Decision(False, "pending", reason="not_an_approver")
-            if requester == user_id and not gate.get("allow_self_approval"):
-                return Decision(False, "pending", reason="self_approval")
+        refused = await refusal(
+            gate_id,
+            gate,
+            user_id=user_id,
+            action=action,
+            user_groups=user_groups,
+            origin=origin,
+            platform=platform,
+            operator=operator,
+            transports=self.bridge.transports,
+        )
+        if refused is not None:
+            return refused
 
         async def commit(tx: Tx) -> Decision:
             doc = await tx.doc(ApprovalDoc, key=str(gate_id), seed={})
@@ -427,7 +429,7 @@ class Approvals:
                 doc.value["decided_at"] = tx.now
                 await harness.wake_task(tx, int(task_id) if task_id is not None else gate_id)
                 return Decision(False, "expired", reason="expired", decided_at=tx.now)
-            doc.value["status"] = _STATUS_OF[action]
+            doc.value["status"] = STATUS_OF[action]
             doc.value["decided_by"] = user_name
             doc.value["decided_by_id"] = user_id
             doc.value["decided_at"] = tx.now
@@ -442,25 +444,6 @@ class Approvals:
         if not operator:
             harness.resume()
         return decision
-
-    async def _on_own_message(self, gate_id: int, gate: dict[str, Any], origin: ClickOrigin) -> bool:
-        """Whether a click was made on the gate's own message (its channel and message id). A card that was
-        posted but whose id is not recorded yet (a click right after the post, or after a crash between post
-        and record) is looked up on the platform by its key, as the renderer's reconciliation does."""
-        target = gate.get("target") or {}
-        if str(target.get("channel")) != origin.channel:
-            return False
-        message_id = (gate.get("message") or {}).get("id")
-        if message_id is None:
-            transport = self.bridge.transports.get(str(target.get("platform")))
-            if transport is None:
-                return False
-            try:
-                message_id = await transport.find(Place.from_json(target), f"approval:{gate_id}")
-            except TransportError as exc:
-                log.warning("gate %s: could not look up its message for a click: %s", gate_id, exc)
-                return False
-        return message_id is not None and str(message_id) == origin.message_id
 
     # --- rendering approval messages -----------------------------------------------------------------------
 
@@ -537,7 +520,7 @@ class Approvals:
     def _pace(self, transport: Transport, target: Place) -> AbstractAsyncContextManager[None]:
         """The slot for one write into `target`'s channel, shared with every reply worker writing there."""
         return self.bridge.governor(target.platform).slot(
-            pacing_key(target), interval=transport.edit_interval
+            pacing_key(target), interval=transport.edit_interval, guard=self.bridge.write_guard
         )
 
     async def _set_message(self, key: str, message: dict[str, Any]) -> None:
@@ -553,6 +536,59 @@ class Approvals:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def refusal(
+    gate_id: int,
+    gate: dict[str, Any],
+    *,
+    user_id: str,
+    action: Action,
+    user_groups: Collection[str] | None,
+    origin: ClickOrigin | None,
+    platform: str | None,
+    operator: bool,
+    transports: Mapping[str, Transport],
+) -> Decision | None:
+    """Why a decision on `gate` (as read now) is refused, or None when it may be committed. Read-only: the
+    decision itself is still checked again in its commit (first writer wins); a router also runs this before
+    forwarding a click to the gate's owner, so a refused click is answered at once by the worker it reached."""
+    if origin is not None and not await on_own_message(gate_id, gate, origin, transports):
+        return Decision(False, str(gate.get("status")), reason="wrong_message")
+    if gate.get("status") != "pending":
+        return _already(gate)
+    requester = (gate.get("requester") or {}).get("user_id")
+    if action == "withdraw":
+        if requester is None or requester != user_id:
+            return Decision(False, "pending", reason="not_the_requester")
+    elif not operator:
+        if not is_approver(gate, platform, user_id, user_groups, platforms=len(transports)):
+            return Decision(False, "pending", reason="not_an_approver")
+        if requester == user_id and not gate.get("allow_self_approval"):
+            return Decision(False, "pending", reason="self_approval")
+    return None
+
+
+async def on_own_message(
+    gate_id: int, gate: dict[str, Any], origin: ClickOrigin, transports: Mapping[str, Transport]
+) -> bool:
+    """Whether a click was made on the gate's own message (its channel and message id). A card that was
+    posted but whose id is not recorded yet (a click right after the post, or after a crash between post
+    and record) is looked up on the platform by its key, as the renderer's reconciliation does."""
+    target = gate.get("target") or {}
+    if str(target.get("channel")) != origin.channel:
+        return False
+    message_id = (gate.get("message") or {}).get("id")
+    if message_id is None:
+        transport = transports.get(str(target.get("platform")))
+        if transport is None:
+            return False
+        try:
+            message_id = await transport.find(Place.from_json(target), f"approval:{gate_id}")
+        except TransportError as exc:
+            log.warning("gate %s: could not look up its message for a click: %s", gate_id, exc)
+            return False
+    return message_id is not None and str(message_id) == origin.message_id
 
 
 def _already(gate: dict[str, Any]) -> Decision:

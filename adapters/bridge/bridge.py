@@ -54,6 +54,9 @@ class Bridge:
         self.delivery = Delivery(self)
         self.approvals = Approvals(self, approvals)
         self._governors: dict[str, RateGovernor] = {}
+        # Set by a Router: the governors shared by every partition bridge of the process (one budget per
+        # platform and channel, whichever partition writes); each write still checks this bridge's guard.
+        self._shared_governor: Callable[[str], RateGovernor] | None = None
         self._dispose: Any = None
         self.started = False
         self.stats = BridgeStats()
@@ -80,7 +83,13 @@ class Bridge:
         """The rate governor of every platform written to so far (metrics read their counters)."""
         return dict(self._governors)
 
+    def share_governors(self, source: Callable[[str], RateGovernor]) -> None:
+        """Take every platform's governor from `source` (a Router's) instead of keeping its own."""
+        self._shared_governor = source
+
     def governor(self, platform: str) -> RateGovernor:
+        if self._shared_governor is not None:
+            return self._shared_governor(platform)
         governor = self._governors.get(platform)
         if governor is None:
             governor = self._governors[platform] = RateGovernor(guard=self.write_guard)
@@ -152,6 +161,16 @@ class Bridge:
                 if part.get("message_id"):
                     recorded.add(str(part["message_id"]))
         return recorded
+
+    async def place_doc(self, place: Place) -> dict[str, Any] | None:
+        """What the bridge records about `place` (its conversation, last message seen), None if unseen."""
+        doc: dict[str, Any] | None = await self.harness.snapshot(PlaceDoc, key=place.key)
+        return doc
+
+    async def gate_doc(self, gate_id: int) -> dict[str, Any] | None:
+        """The approval request `gate_id` as recorded (tool, approvers, status), None if unknown."""
+        doc: dict[str, Any] | None = await self.harness.snapshot(ApprovalDoc, key=str(gate_id))
+        return doc
 
     async def known_places(self, platform: str) -> list[Place]:
         places = await self.harness.family(PlaceDoc)

@@ -262,7 +262,7 @@ class ReplyWorker:
     def pace(self, transport: Transport, target: Place) -> AbstractAsyncContextManager[None]:
         """The slot for one write into `target`'s channel, shared by every reply worker of this process."""
         return self.bridge.governor(target.platform).slot(
-            pacing_key(target), interval=transport.edit_interval
+            pacing_key(target), interval=transport.edit_interval, guard=self.bridge.write_guard
         )
 
     @staticmethod

@@ -85,18 +85,22 @@ class RateGovernor:
             self._next_at[key] = time.monotonic() + spacing
 
     @asynccontextmanager
-    async def slot(self, key: str, *, interval: float | None = None) -> AsyncIterator[None]:
+    async def slot(
+        self, key: str, *, interval: float | None = None, guard: Callable[[], None] | None = None
+    ) -> AsyncIterator[None]:
         """Run one platform call for `key`: wait for the key's turn, hold the key during the call (callers
         queue in FIFO order), and let the next call for the key start no sooner than `interval` after this
         one finished. Counting from the end (not the start) keeps the spacing the platform sees at least
         `interval` however long the call took. A `RetryLater` raised by the call also pushes the key's next
-        turn out by its `seconds`."""
+        turn out by its `seconds`. `guard` (default: the governor's own) is checked right before the call goes
+        out: a governor shared by the bridges of several partitions is given each write's own partition guard."""
+        check = self.guard if guard is None else guard
         spacing = self.per_key_interval if interval is None else interval
         async with self._held(key):
             await self._wait_turn(key)
             self.writes += 1
-            if self.guard is not None:
-                self.guard()
+            if check is not None:
+                check()
             try:
                 yield
             except RetryLater as exc:

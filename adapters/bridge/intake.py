@@ -30,13 +30,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("adapters.bridge")
 
-Outcome = Literal["answering", "recorded", "duplicate", "ignored", "conflict", "refused"]
+Outcome = Literal["answering", "recorded", "duplicate", "ignored", "conflict", "refused", "forwarded"]
 
 
 @dataclass(frozen=True)
 class IntakeResult:
     """`conflict`: the id was taken in before with other content; `refused`: the harness would not take it in
-    (both logged at ERROR and dropped: acknowledge, a redelivery cannot do better)."""
+    (both logged at ERROR and dropped: acknowledge, a redelivery cannot do better); `forwarded`: committed as an
+    ingress record for the owner of the place's partition (a `Router`; this worker or another): acknowledge."""
 
     conversation_id: int | None
     submission_id: int | None

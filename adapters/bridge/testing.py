@@ -1,4 +1,5 @@
-"""`MemoryTransport`: an in-memory platform for testing bots on the bridge without any network.
+"""`MemoryTransport`: an in-memory platform for testing bots on the bridge without any network; `MemoryIngress`:
+the ingress records of a shared store, in memory, for routers in tests.
 
 It keeps channels as lists of messages (with the key each was posted with), records every call, and can be
 told to fail a call once (e.g. raise `RetryLater`) or to lose the response of a create (the message exists,
@@ -8,7 +9,8 @@ the caller never learns its id: what a crash between posting and recording looks
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,3 +120,82 @@ class MemoryTransport:
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [{"id": m.id, "key": m.key, "text": m.text} for m in self.messages]
+
+
+@dataclass(frozen=True)
+class MemoryIngressRecord:
+    id: int
+    partition: int
+    kind: str
+    key: str
+    payload: dict[str, Any]
+    created_ms: int = 0
+
+
+class MemoryIngress:
+    """The `Ingress` protocol in memory, shared by the routers of one test (the workers). Payloads go through
+    strict JSON as the store would store them. `notify = False` loses notifications (the consumers must poll);
+    `fail_next(method, error)` makes one call fail."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, MemoryIngressRecord] = {}
+        self.finished: set[int] = set()
+        self.notify = True
+        self._keys: set[str] = set()
+        self._ids = itertools.count(1)
+        self._callbacks: list[Callable[[int], None]] = []
+        self._fail: dict[str, Exception] = {}
+
+    def fail_next(self, method: str, error: Exception) -> None:
+        self._fail[method] = error
+
+    def _maybe_fail(self, method: str) -> None:
+        error = self._fail.pop(method, None)
+        if error is not None:
+            raise error
+
+    async def put_ingress(self, partition: int, kind: str, key: str, payload: dict[str, Any]) -> bool:
+        self._maybe_fail("put_ingress")
+        stored = json.loads(json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8"))
+        if key in self._keys:
+            return False
+        self._keys.add(key)
+        record_id = next(self._ids)
+        self.records[record_id] = MemoryIngressRecord(record_id, partition, kind, key, stored)
+        if self.notify:
+            for callback in list(self._callbacks):
+                callback(partition)
+        return True
+
+    def put_raw(self, partition: int, kind: str, key: str, payload: dict[str, Any]) -> int:
+        """A record as some other writer left it (no JSON check, no notification): for poison records."""
+        record_id = next(self._ids)
+        self._keys.add(key)
+        self.records[record_id] = MemoryIngressRecord(record_id, partition, kind, key, payload)
+        return record_id
+
+    async def pending_ingress(
+        self, partitions: Collection[int], limit: int = 100
+    ) -> list[MemoryIngressRecord]:
+        self._maybe_fail("pending_ingress")
+        wanted = set(partitions)
+        pending = [
+            r for i, r in sorted(self.records.items()) if i not in self.finished and r.partition in wanted
+        ]
+        return pending[:limit]
+
+    async def finish_ingress(self, record_id: int) -> None:
+        self._maybe_fail("finish_ingress")
+        self.finished.add(record_id)
+
+    def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        self._callbacks.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+        return unsubscribe
+
+    def unfinished(self) -> list[MemoryIngressRecord]:
+        return [r for i, r in sorted(self.records.items()) if i not in self.finished]

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from adapters.bridge import Bridge, Place
-from adapters.devchat.options import DevchatOptions, parse_options, remote_warning
+from adapters.bridge import Bridge, BridgeLike, Place
+from adapters.devchat.options import DevchatConfigError, DevchatOptions, parse_options, remote_warning
 from adapters.devchat.server import DevchatServer
 from adapters.devchat.store import ChatStore
 from adapters.devchat.transport import DevchatTransport
@@ -43,9 +43,15 @@ class DevchatAdapter:
         """Where the page is served (after `start`)."""
         return "" if self.server is None else self.server.url
 
-    async def start(self, bridge: Bridge) -> None:
+    async def start(self, bridge: BridgeLike) -> None:
         if self.server is not None:
             return
+        if not isinstance(bridge, Bridge):
+            # The page reads the harness directly (conversations, tasks, gates): one process, one store.
+            raise DevchatConfigError(
+                "devchat runs in a single process over the whole store; it cannot run as one of several "
+                "workers (set [storage] partitions = 1, or use the Slack or Discord adapter)"
+            )
         self.bridge = bridge
         for warning in self.warnings:
             log.warning("%s", warning)

@@ -14,7 +14,14 @@
   watches the frames (debug events) to tell such a stale connection from one the gateway closed, counts both in
   `health()`, and warns once per stale connection.
 
-Every task the adapter starts (the gateway connection, the intake worker) is owned here and awaited in `stop()`.
+- Shards: one discord.py client per shard this process runs (`shard_ids` of `shard_count`, default all of
+  Discord's recommended count), each with its own gateway session; a separate client that never opens the
+  gateway does the REST work (delivery, history, lookups), so a worker that runs no shard connects to nothing
+  on the gateway and still delivers. `set_shards` adds and removes shards at runtime without touching the
+  others. A shard's fresh session is followed by a catch-up of its own guilds (DMs belong to shard 0). Intake
+  stays exactly once because the bridge takes a message id in only once, whichever shard or worker saw it.
+
+Every task the adapter starts (the gateway connections, the intake worker) is owned here and awaited in `stop()`.
 """
 
 from __future__ import annotations
@@ -24,19 +31,20 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import discord
 
-from adapters.bridge import Bridge, ClickOrigin, Place
+from adapters.bridge import BridgeLike, ClickOrigin, Place
 from adapters.bridge.approvals import Action
 from adapters.discord._components import ApprovalButton
 from adapters.discord._endpoints import override_endpoints
 from adapters.discord._hardening import guard_parsers, install_tolerant_json
 from adapters.discord._intake import DM_WORKSPACE, PLATFORM, Converter, is_human
-from adapters.discord._options import DiscordSettings
+from adapters.discord._options import DiscordConfigError, DiscordSettings
 from adapters.discord._render import refusal_text
 from adapters.discord._transport import DISCORD_EPOCH_MS, DiscordTransport
 from adapters.health import TransportHealth
@@ -75,23 +83,39 @@ class _Client(discord.Client):
         # Once per login, i.e. on every start of the process: buttons posted by earlier processes stay live.
         self.add_dynamic_items(ApprovalButton)
 
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        await self.adapter._identify_turn(initial)
+
     def dispatch(self, event: str, /, *args: Any, **kwargs: Any) -> None:
         # Seen synchronously, in gateway order, before discord.py schedules its handler tasks.
+        shard = self.shard_id or 0
         if event == "socket_raw_receive":  # any frame (enable_debug_events): the connection is alive
-            self.adapter._frame()
+            self.adapter._frame(shard)
             return  # no handler of ours wants raw frames
         if event == "socket_raw_send":
             return
         if event == "connect":  # a fresh session (READY), not a RESUME: events in between are lost
-            self.adapter._fresh_session()
-            self.adapter._session_opened()
+            self.adapter._fresh_session(shard)
+            self.adapter._session_opened(shard)
         elif event == "resumed":
-            self.adapter._session_opened()
+            self.adapter._session_opened(shard)
         elif event == "disconnect":
-            self.adapter._disconnected()
+            self.adapter._disconnected(shard)
         elif event == "message" and args and isinstance(args[0], discord.Message):
             self.adapter._live_message(args[0])
         super().dispatch(event, *args, **kwargs)
+
+
+@dataclass(eq=False)
+class _Shard:
+    """One shard this process runs: its own client and gateway session."""
+
+    id: int
+    client: _Client
+    task: asyncio.Task[None] | None = None
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
+    last_frame: float = field(default_factory=time.perf_counter)  # discord.py's keep-alive clock
+    live: bool = False  # a session is open on it (READY or RESUMED, no disconnect since)
 
 
 class DiscordAdapter:
@@ -100,30 +124,46 @@ class DiscordAdapter:
     def __init__(self, settings: DiscordSettings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock  # Unix seconds, for the age of messages; tests pass the fake Discord's clock
-        self.bridge: Bridge | None = None
-        self.client: _Client | None = None
+        self.bridge: BridgeLike | None = None
+        self.client: _Client | None = None  # REST only (delivery, history, lookups); never opens the gateway
         self.transport: DiscordTransport | None = None
         self.converter: Converter | None = None
-        self.catch_ups = 0  # completed catch-ups (one per fresh gateway session)
+        self.catch_ups = 0  # completed catch-ups (one per fresh gateway session of any shard)
         self.caught_up_messages = 0  # messages the latest catch-up fed to the bridge (not seen before)
         self.catch_up_summary: str | None = None  # what the latest catch-up did (the runtime prints it)
         self._queue: deque[discord.Message] = deque()
         self._wake = asyncio.Event()
-        self._caught_up = asyncio.Event()
-        self._catch_up_needed = False
+        self._catch_up_needed: set[int] = set()  # shards whose fresh session was not caught up yet
         self._stopping = False
         self._worker: asyncio.Task[None] | None = None
-        self._gateway: asyncio.Task[None] | None = None
+        self._shards: dict[int, _Shard] = {}
+        self._shard_count: int | None = None
+        self._shards_lock = asyncio.Lock()
+        self._last_identify: float | None = None
+        self._identify_lock = asyncio.Lock()
         self._health = TransportHealth("discord")
-        self._last_frame = time.perf_counter()  # discord.py's keep-alive clock
         self._interval_warned = False
 
     def __repr__(self) -> str:
         return f"DiscordAdapter(options={self.settings.options!r})"  # never the token
 
     def health(self) -> TransportHealth:
-        """Gateway sessions opened (READY or RESUMED), reconnects, stale (deaf) connections detected (a copy)."""
+        """Gateway sessions opened (READY or RESUMED) on any shard, reconnects, stale (deaf) connections
+        detected (a copy). `connected`: some shard has a session open."""
         return self._health.copy()
+
+    @property
+    def shard_count(self) -> int | None:
+        """The shard count in use (from the options or Discord's recommendation), once started."""
+        return self._shard_count
+
+    @property
+    def shard_ids(self) -> list[int]:
+        """The shards this process runs now."""
+        return sorted(self._shards)
+
+    def _gateway_tasks(self) -> list[asyncio.Task[None]]:
+        return [shard.task for shard in self._shards.values() if shard.task is not None]
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -135,23 +175,29 @@ class DiscordAdapter:
         intents.message_content = self.settings.options.message_content
         return intents
 
-    async def start(self, bridge: Bridge) -> None:
-        if self.client is not None:
-            raise RuntimeError("DiscordAdapter.start() was already called")
+    def _new_client(self, **extra: Any) -> _Client:
         options = self.settings.options
-        self.bridge = bridge
-        override_endpoints(self.settings.api_url, self.settings.gateway_url)
-        install_tolerant_json()
-        client = self.client = _Client(
+        client = _Client(
             self,
             intents=self._intents(),
             guild_ready_timeout=options.guild_ready_timeout,
             max_ratelimit_timeout=options.max_ratelimit_timeout,
             heartbeat_timeout=options.heartbeat_timeout,
             enable_debug_events=True,  # socket_raw_receive: when the last frame came (see _disconnected)
+            **extra,
         )
         guard_parsers(client)
-        self.converter = Converter(client)
+        return client
+
+    async def start(self, bridge: BridgeLike) -> None:
+        if self.client is not None:
+            raise RuntimeError("DiscordAdapter.start() was already called")
+        options = self.settings.options
+        self.bridge = bridge
+        override_endpoints(self.settings.api_url, self.settings.gateway_url)
+        install_tolerant_json()
+        client = self.client = self._new_client()
+        self.converter = Converter(client, get_guild=self._get_guild)
         self.transport = DiscordTransport(
             client,
             self.converter,
@@ -172,23 +218,95 @@ class DiscordAdapter:
                 flags.gateway_message_content or flags.gateway_message_content_limited
             ):
                 raise MessageContentNotEnabled()
+            count = options.shard_count
+            if count is None:
+                count, _url, _limits = await client.http.get_bot_gateway()
+            ids = list(range(count)) if options.shard_ids is None else options.shard_ids
+            if any(shard >= count for shard in ids):
+                raise DiscordConfigError(
+                    f"adapters.discord.shard_ids: {ids} do not fit the {count} shard(s) Discord recommends; "
+                    "set adapters.discord.shard_count to the count the ids were planned for"
+                )
         except BaseException:
             await client.close()
             raise
+        self._shard_count = count
         self.transport.logged_in = True
         bridge.attach(self.transport)
         self._worker = asyncio.create_task(self._intake_loop(), name="discord-intake")
-        self._gateway = asyncio.create_task(self._run_gateway(client), name="discord-gateway")
-        await self._wait_ready(client)
-        log.info("discord: connected as %s (%s)", client.user, client.user.id if client.user else "?")
+        try:
+            async with self._shards_lock:
+                for shard in ids:
+                    await self._open_shard(shard, count)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "discord: connected as %s (%s), shard(s) %s of %d",
+            client.user,
+            client.user.id if client.user else "?",
+            ids or "none",
+            count,
+        )
 
-    async def _wait_ready(self, client: _Client) -> None:
+    async def set_shards(self, ids: Collection[int], count: int) -> None:
+        """Run exactly the shards `ids` of `count` from now on: connect the added ones (each returns once its
+        session is open and caught up), close the removed ones, leave the others connected. A new `count`
+        reconnects every shard (a shard's guilds depend on it). Raises ValueError for ids outside
+        0..count-1, `DiscordStartError` when an added shard cannot open a session."""
+        wanted = set(ids)
+        if count < 1 or any(not 0 <= shard < count for shard in wanted):
+            raise ValueError(
+                f"set_shards: shard ids {sorted(wanted)} must lie in 0..{count - 1} (count {count})"
+            )
+        if self.client is None or self._stopping:
+            raise RuntimeError("DiscordAdapter.set_shards() needs a started adapter")
+        async with self._shards_lock:
+            if count != self._shard_count:
+                for shard in sorted(self._shards):
+                    await self._close_shard(shard)
+                self._shard_count = count
+            for shard in sorted(set(self._shards) - wanted):
+                await self._close_shard(shard)
+            for shard in sorted(wanted - set(self._shards)):
+                await self._open_shard(shard, count)
+        log.info("discord: running shard(s) %s of %d", sorted(wanted) or "none", count)
+
+    async def _open_shard(self, shard_id: int, count: int) -> None:
+        client = self._new_client(shard_id=shard_id, shard_count=count)
+        shard = self._shards[shard_id] = _Shard(shard_id, client)
+        try:
+            await client.login(self.settings.token.get_secret_value())
+        except BaseException:
+            self._shards.pop(shard_id, None)
+            await client.close()
+            raise
+        shard.task = asyncio.create_task(self._run_gateway(shard), name=f"discord-gateway-{shard_id}")
+        await self._wait_ready(shard)
+
+    async def _close_shard(self, shard_id: int) -> None:
+        shard = self._shards.pop(shard_id, None)
+        if shard is None:
+            return
+        self._catch_up_needed.discard(shard_id)
+        shard.live = False
+        if not shard.client.is_closed():
+            await shard.client.close()
+        task = shard.task
+        if task is not None:
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._health.connected = any(s.live for s in self._shards.values())
+
+    async def _wait_ready(self, shard: _Shard) -> None:
         async def ready() -> None:
-            await self._caught_up.wait()
-            await client.wait_until_ready()
+            await shard.caught_up.wait()
+            await shard.client.wait_until_ready()
 
-        waiter = asyncio.create_task(ready(), name="discord-ready")
-        gateway = self._gateway
+        waiter = asyncio.create_task(ready(), name=f"discord-ready-{shard.id}")
+        gateway = shard.task
         assert gateway is not None
         try:
             done, _ = await asyncio.wait(
@@ -205,28 +323,46 @@ class DiscordAdapter:
         error: BaseException | None = None
         if gateway.done() and not gateway.cancelled():
             error = gateway.exception()
-        await self.stop()
+        await self._close_shard(shard.id)
         if isinstance(error, discord.PrivilegedIntentsRequired):
             raise MessageContentNotEnabled() from None
         if error is not None:
             raise DiscordStartError(f"the Discord gateway connection failed: {error!r}") from error
-        raise DiscordStartError(f"no Discord gateway session within {self.settings.options.ready_timeout:g}s")
+        raise DiscordStartError(
+            f"no Discord gateway session for shard {shard.id} within {self.settings.options.ready_timeout:g}s"
+        )
 
-    async def _run_gateway(self, client: _Client) -> None:
+    async def _run_gateway(self, shard: _Shard) -> None:
         try:
-            await client.connect(reconnect=True)
+            await shard.client.connect(reconnect=True)
         except Exception as error:
-            if not self._stopping:
-                log.error("discord: the gateway connection ended: %r", error)
+            if not self._stopping and shard.id in self._shards:
+                log.error("discord: the gateway connection of shard %d ended: %r", shard.id, error)
             raise
 
+    async def _identify_turn(self, initial: bool) -> None:
+        """Before an IDENTIFY on any shard: discord.py's own 5 s wait before a re-IDENTIFY, and at least that
+        long between two IDENTIFYs of this process (Discord allows one per 5 s with max_concurrency 1)."""
+        if not initial:
+            await asyncio.sleep(IDENTIFY_WAIT)
+        async with self._identify_lock:
+            if self._last_identify is not None:
+                wait = self._last_identify + IDENTIFY_WAIT - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            self._last_identify = time.monotonic()
+
     async def stop(self) -> None:
-        """Stop intake, close the gateway and HTTP session, and join every task the adapter started."""
+        """Stop intake, close every gateway session and the HTTP session, and join every task the adapter
+        started."""
         self._stopping = True
         self._wake.set()
         client = self.client
         if self.transport is not None:
             self.transport.logged_in = False
+        for shard in list(self._shards.values()):
+            if not shard.client.is_closed():
+                await shard.client.close()
         if client is not None and not client.is_closed():
             await client.close()
         worker, self._worker = self._worker, None
@@ -237,30 +373,40 @@ class DiscordAdapter:
                 worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await worker
-        gateway, self._gateway = self._gateway, None
-        if gateway is not None:
-            if not gateway.done():
-                gateway.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await gateway
+        for shard_id in list(self._shards):
+            await self._close_shard(shard_id)
         self._health.lost()
 
-    # --- events (called synchronously from the client's dispatch) ----------------------------------------
+    # --- events (called synchronously from the clients' dispatch) ----------------------------------------
 
-    def _fresh_session(self) -> None:
-        self._catch_up_needed = True
+    def _get_guild(self, guild_id: int) -> discord.Guild | None:
+        """A guild from the cache of whichever shard serves it (None when no shard here does)."""
+        for shard in self._shards.values():
+            guild = shard.client.get_guild(guild_id)
+            if guild is not None:
+                return guild
+        return None
+
+    def _fresh_session(self, shard_id: int) -> None:
+        self._catch_up_needed.add(shard_id)
         self._wake.set()
 
-    def _frame(self) -> None:
-        self._last_frame = time.perf_counter()
+    def _frame(self, shard_id: int) -> None:
+        shard = self._shards.get(shard_id)
+        if shard is not None:
+            shard.last_frame = time.perf_counter()
 
-    def _session_opened(self) -> None:
-        self._frame()
+    def _session_opened(self, shard_id: int) -> None:
+        shard = self._shards.get(shard_id)
+        if shard is None:
+            return
+        self._frame(shard_id)
+        shard.live = True
         self._health.opened()
         if self._health.reconnects:
             log.info("discord: gateway session back (connection %d)", self._health.connections_opened)
-        client = self.client
-        keep_alive = client.ws._keep_alive if client is not None and client.ws is not None else None
+        client = shard.client
+        keep_alive = client.ws._keep_alive if client.ws is not None else None
         timeout = self.settings.options.heartbeat_timeout
         interval = keep_alive.interval if keep_alive is not None else None
         if interval is not None and timeout <= interval + IDENTIFY_WAIT and not self._interval_warned:
@@ -274,23 +420,27 @@ class DiscordAdapter:
                 IDENTIFY_WAIT,
             )
 
-    def _disconnected(self) -> None:
-        """discord.py gave up on the connection (any reason). Stale if nothing came for heartbeat_timeout: that
-        is discord.py's own rule (keep-alive thread or receive timeout), so this names its decision."""
-        if not self._health.connected:
-            return  # a failed reconnect attempt: that connection was never up
-        silent = time.perf_counter() - self._last_frame
+    def _disconnected(self, shard_id: int) -> None:
+        """discord.py gave up on a shard's connection (any reason). Stale if nothing came for
+        heartbeat_timeout: that is discord.py's own rule (keep-alive thread or receive timeout), so this names
+        its decision."""
+        shard = self._shards.get(shard_id)
+        if shard is None or not shard.live:
+            return  # a failed reconnect attempt (that connection was never up), or a shard being closed
+        shard.live = False
+        silent = time.perf_counter() - shard.last_frame
         timeout = self.settings.options.heartbeat_timeout
         if self._stopping or silent < timeout:
             self._health.lost()
-            return
-        reason = f"no frame (heartbeat ACK or event) for {silent:.1f}s, heartbeat_timeout {timeout:g}s"
-        self._health.stale(reason)
-        log.warning(
-            "discord: the gateway connection went silent (%s); reconnecting (stale detection %d)",
-            reason,
-            self._health.stale_detections,
-        )
+        else:
+            reason = f"no frame (heartbeat ACK or event) for {silent:.1f}s, heartbeat_timeout {timeout:g}s"
+            self._health.stale(reason)
+            log.warning(
+                "discord: the gateway connection went silent (%s); reconnecting (stale detection %d)",
+                reason,
+                self._health.stale_detections,
+            )
+        self._health.connected = any(s.live for s in self._shards.values())
 
     def _live_message(self, message: discord.Message) -> None:
         if self._stopping:
@@ -305,14 +455,19 @@ class DiscordAdapter:
         while not self._stopping:
             try:
                 if self._catch_up_needed:
-                    self._catch_up_needed = False
+                    shard_id = min(self._catch_up_needed)
+                    self._catch_up_needed.discard(shard_id)
+                    shard = self._shards.get(shard_id)
+                    if shard is None:
+                        continue  # closed meanwhile: its guilds are another process's now
                     try:
-                        await self._catch_up()
+                        await self._catch_up(shard)
                     except BaseException:
-                        self._catch_up_needed = True  # try again before any live message
+                        if shard_id in self._shards:
+                            self._catch_up_needed.add(shard_id)  # try again before any live message
                         raise
                     self.catch_ups += 1
-                    self._caught_up.set()
+                    shard.caught_up.set()
                 elif self._queue:
                     await self._intake_live(self._queue[0])
                     self._queue.popleft()
@@ -359,43 +514,44 @@ class DiscordAdapter:
         if incoming is not None:
             await self.bridge.intake(incoming)
 
-    async def _catch_up(self) -> None:
-        """Known places from their last message seen; every other guild channel the bot can read, and active
-        threads under any of them, back to the look-back bound (a mention in a channel nobody used with the bot
-        yet, posted while it was down, is answered)."""
+    async def _catch_up(self, shard: _Shard) -> None:
+        """After a fresh session of `shard`, for the guilds it serves (and DMs, on shard 0): known places from
+        their last message seen; every other guild channel the bot can read, and active threads under any of
+        them, back to the look-back bound (a mention in a channel nobody used with the bot yet, posted while it
+        was down, is answered)."""
         assert self.bridge is not None and self.transport is not None
-        places = await self.bridge.known_places(PLATFORM)
+        count = self._shard_count or 1
+        places = [p for p in await self.bridge.known_places(PLATFORM) if _shard_of(p, count) == shard.id]
         first_after: str | None = None
         hours = self.settings.options.catch_up_hours
         if hours > 0:
-            assert self.client is not None
             # The session opened (READY) before its guilds arrived: the channel list needs them.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.client.wait_until_ready(), self.settings.options.ready_timeout)
-            places += await self._readable_channels(places)
-            first_after = await self._look_back_bound(hours)
+                await asyncio.wait_for(shard.client.wait_until_ready(), self.settings.options.ready_timeout)
+            places += await self._readable_channels(shard.client, places)
+            first_after = await self._look_back_bound(shard.client, hours)
         places += await self._new_threads(places)
-        count = await self.bridge.catch_up(self.transport, places, first_after=first_after)
-        self.caught_up_messages = count
+        count_in = await self.bridge.catch_up(self.transport, places, first_after=first_after)
+        self.caught_up_messages = count_in
         channels = len({(p.workspace, p.channel) for p in places})
-        self.catch_up_summary = f"caught up {count} message(s) in {channels} channel(s)"
+        self.catch_up_summary = f"caught up {count_in} message(s) in {channels} channel(s)"
         log.info("discord: %s (%d place(s) with threads)", self.catch_up_summary, len(places))
 
-    async def _look_back_bound(self, hours: float) -> str | None:
+    async def _look_back_bound(self, client: _Client, hours: float) -> str | None:
         """The id of a (virtual) message at the look-back bound: max(now - hours, first watch of any guild)."""
-        assert self.bridge is not None and self.client is not None
+        assert self.bridge is not None
         since = 0
-        for guild in self.client.guilds:
+        for guild in client.guilds:
             since = max(since, await self.bridge.watching_since(PLATFORM, str(guild.id)))
         cutoff_ms = max(int(self.clock() * 1000 - hours * 3_600_000), since, DISCORD_EPOCH_MS)
         return str((cutoff_ms - DISCORD_EPOCH_MS) << 22)
 
-    async def _readable_channels(self, known: list[Place]) -> list[Place]:
-        """Text channels of every guild the bot can read (view and read history) that are not known yet."""
-        assert self.client is not None
+    async def _readable_channels(self, client: _Client, known: list[Place]) -> list[Place]:
+        """Text channels of every guild of `client`'s shard the bot can read (view and read history) that are
+        not known yet."""
         seen = {(p.workspace, p.channel) for p in known if p.thread is None}
         found: list[Place] = []
-        for guild in self.client.guilds:
+        for guild in client.guilds:
             me = guild.me
             for channel in guild.text_channels:
                 if me is not None:
@@ -418,7 +574,7 @@ class DiscordAdapter:
         found: list[Place] = []
         for guild_id, channel_ids in channels.items():
             try:
-                guild = self.client.get_guild(int(guild_id)) or await self.client.fetch_guild(int(guild_id))
+                guild = self._get_guild(int(guild_id)) or await self.client.fetch_guild(int(guild_id))
                 threads = await guild.active_threads()
             except (discord.HTTPException, OSError) as error:
                 log.warning("discord: cannot list the active threads of guild %s: %s", guild_id, error)
@@ -481,3 +637,14 @@ class DiscordAdapter:
             await interaction.followup.send(text, ephemeral=True)
         except discord.HTTPException as error:
             log.warning("discord: could not answer a click: %s", error)
+
+
+def _shard_of(place: Place, shard_count: int) -> int:
+    """The shard that receives a place's events: Discord's `(guild_id >> 22) % shard_count`; DMs come to
+    shard 0."""
+    if place.workspace == DM_WORKSPACE:
+        return 0
+    try:
+        return (int(place.workspace) >> 22) % shard_count
+    except ValueError:
+        return 0

@@ -210,6 +210,7 @@ class RestApi:
         self.unhandled: list[RequestRecord] = []
         self.hooks: list[RequestHook] = []
         self.gateway_url = ""
+        self.recommended_shards = 1  # what GET /gateway/bot answers in `shards`
         self._notify = notify
         self._routes: list[_Route] = []
         self._register_routes()
@@ -398,7 +399,7 @@ class RestApi:
             return call.ok(
                 {
                     "url": self.gateway_url,
-                    "shards": 1,
+                    "shards": self.recommended_shards,
                     "session_start_limit": {
                         "total": 1000,
                         "remaining": 999,

@@ -5,6 +5,7 @@ through the same conversion, so a message gets the same request id and text eith
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import discord
 
@@ -36,8 +37,12 @@ def is_human(message: discord.Message, bot_id: int) -> bool:
 
 
 class Converter:
-    def __init__(self, client: discord.Client) -> None:
+    def __init__(
+        self, client: discord.Client, *, get_guild: Callable[[int], discord.Guild | None] | None = None
+    ) -> None:
         self.client = client
+        # The REST client caches no guilds: the adapter looks them up in the cache of the shard serving them.
+        self._get_guild = get_guild if get_guild is not None else client.get_guild
         self._names: dict[tuple[int, int], str] = {}  # (guild id, user id) -> display name (server nickname)
 
     # --- places ---------------------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ class Converter:
         if found is not None:
             return found
         name = user.display_name
-        guild = self.client.get_guild(guild_id)
+        guild = self._get_guild(guild_id)
         member = guild.get_member(user.id) if guild is not None else None
         if member is not None:
             name = member.display_name

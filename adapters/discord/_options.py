@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
 from adapters.discord._endpoints import _normalise_api_url, _normalise_gateway_url
 
@@ -61,6 +61,28 @@ class DiscordOptions(BaseModel):
     discord.py's default). It must exceed the heartbeat interval Discord sends in HELLO (41.25 s) plus 5 s:
     discord.py waits 5 s before a new IDENTIFY without reading the socket, so a shorter timeout kills every
     new session before it starts (the adapter warns when it sees that)."""
+    shard_count: int | None = Field(None, ge=1, le=65_536)
+    """How many shards the bot's guilds are split into (Discord sends a guild's events to shard
+    `(guild_id >> 22) % shard_count`). Unset: the count Discord recommends (`GET /gateway/bot`). Every worker
+    of one bot must use the same count."""
+    shard_ids: list[int] | None = None
+    """Which shards this process connects (each its own gateway session). Unset: all of them. `[]`: none (the
+    process still delivers answers over REST; workers that share a database take shards at runtime with
+    `DiscordAdapter.set_shards`)."""
+
+    @field_validator("shard_ids")
+    @classmethod
+    def _shard_ids_fit(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is None:
+            return None
+        if len(set(value)) != len(value):
+            raise ValueError("a shard id is listed twice")
+        count = info.data.get("shard_count")
+        for shard in value:
+            if shard < 0 or (count is not None and shard >= count):
+                top = f"{count - 1} (shard_count {count})" if count is not None else "the shard count - 1"
+                raise ValueError(f"shard {shard} is out of range: ids go from 0 to {top}")
+        return sorted(value)
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,12 @@ class DiscordTransport:
         starter = await self._guard("fetch thread starter", parent.fetch_message(int(target.thread)))
         name = shorten(starter.clean_content, THREAD_NAME_CHARS) or "Reply"
         try:
-            await self._guard("start thread", starter.create_thread(name=name))
+            # The route itself, not `starter.create_thread`: that needs the guild in the client's cache, and
+            # the REST client that delivers keeps none (the gateway shards do).
+            start = self.client.http.start_thread_with_message(
+                starter.channel.id, starter.id, name=name, auto_archive_duration=1440
+            )
+            await self._guard("start thread", start)
         except TransportError as error:
             cause = error.__cause__
             if not (isinstance(cause, discord.HTTPException) and cause.code == THREAD_ALREADY_CREATED):

@@ -160,6 +160,10 @@ class FakeDiscord:
     - ``resume_timeout``: seconds a dropped session stays resumable.
     - ``gateway_compression``: honour ``compress=zlib-stream``/``zstd-stream`` (default); False sends
       uncompressed text frames, which discord.py also accepts (useful when reading frames in a debugger).
+    - ``recommended_shards``: the ``shards`` count ``GET /gateway/bot`` recommends (mutable via
+      :attr:`recommended_shards`). Sharding itself is always on: an IDENTIFY with ``shard: [id, count]`` gets
+      READY/GUILD_CREATE and events only for guilds with ``(guild_id >> 22) % count == id`` (and DMs only on
+      shard 0), as on Discord; a shard id outside ``0..count-1`` is closed with 4010.
     - ``strict``: leaving ``async with`` without an exception raises :class:`UnhandledRequestsError` when the
       bot called a route the fake does not implement.
     """
@@ -182,6 +186,7 @@ class FakeDiscord:
         gateway_compression: bool = True,
         strict: bool = True,
         host: str = "127.0.0.1",
+        recommended_shards: int = 1,
     ) -> None:
         self.clock = FakeClock()
         self.strict = strict
@@ -211,6 +216,7 @@ class FakeDiscord:
         self._world.sink = self._gateway
         self._world.on_change = self._notify
         self._rest = RestApi(self._world, notify=self._notify)
+        self._rest.recommended_shards = recommended_shards
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -573,6 +579,21 @@ class FakeDiscord:
     def connections(self) -> list[GatewayConnection]:
         """Every websocket connection, oldest first (RESUMEs open new connections on existing sessions)."""
         return list(self._gateway.connections)
+
+    @property
+    def recommended_shards(self) -> int:
+        """The ``shards`` count ``GET /gateway/bot`` answers."""
+        return self._rest.recommended_shards
+
+    @recommended_shards.setter
+    def recommended_shards(self, value: int) -> None:
+        self._rest.recommended_shards = value
+
+    @staticmethod
+    def shard_of(guild: FakeGuild | int, shard_count: int) -> int:
+        """Discord's rule for which shard receives a guild's events: ``(guild_id >> 22) % shard_count``."""
+        guild_id = guild if isinstance(guild, int) else guild.id
+        return (guild_id >> 22) % shard_count
 
     @property
     def connected_sessions(self) -> list[GatewaySession]:

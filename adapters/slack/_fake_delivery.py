@@ -31,6 +31,7 @@ from adapters.slack._fake_payloads import envelope, http_body, sign
 
 SLACK_USER_AGENT = "Slackbot 1.0 (+https://api.slack.com/robots)"
 MAX_RETRIES = 3
+MAX_SOCKET_CONNECTIONS = 10  # Slack: an app holds at most ten Socket Mode connections at a time
 
 
 class DeliverySettings(Protocol):
@@ -44,6 +45,7 @@ class DeliverySettings(Protocol):
     interactivity_url: str | None
     signing_secret: str
     app_id: str
+    max_connections: int
 
 
 class Deliverer:
@@ -157,6 +159,10 @@ class Deliverer:
         return [c for c in self.connections if c.open]
 
     @property
+    def refused_connections(self) -> list[SocketConnection]:
+        return [c for c in self.connections if c.refused]
+
+    @property
     def debug_host(self) -> str:
         return "fake-slack-" + self.base_url.rpartition(":")[2]
 
@@ -173,6 +179,8 @@ class Deliverer:
             return web.json_response({"ok": False, "error": "invalid_ticket"}, status=401)
         ws = web.WebSocketResponse(autoping=False)  # pings are answered below, unless the link went deaf
         await ws.prepare(request)
+        if len(self.open_connections) >= self._settings.max_connections:
+            return await self._refuse(ws)
         hello = {
             "type": "hello",
             "num_connections": len(self.open_connections) + 1,
@@ -205,6 +213,31 @@ class Deliverer:
                 conn.close_reason = "closed"
             self._sockets.pop(conn.id, None)
             self._notify()
+        return ws
+
+    async def _refuse(self, ws: web.WebSocketResponse) -> web.WebSocketResponse:
+        """Slack's answer to one connection too many: the WebSocket opens, but instead of ``hello`` the only
+        frame is a ``disconnect`` with reason ``too_many_websockets``, and the socket closes. (Seen in
+        slack-sdk/bolt-js reports; ``apps.connections.open`` itself still succeeds.)"""
+        now = time.monotonic()
+        conn = SocketConnection(
+            id=self._next_id(),
+            ticket="",
+            opened_at=now,
+            closed_at=now,
+            close_reason="too_many_websockets",
+            refused=True,
+        )
+        self.connections.append(conn)
+        frame = {
+            "type": "disconnect",
+            "reason": "too_many_websockets",
+            "debug_info": {"host": self.debug_host},
+        }
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_str(json.dumps(frame))
+            await ws.close(code=aiohttp.WSCloseCode.POLICY_VIOLATION, message=b"too_many_websockets")
+        self._notify()
         return ws
 
     def _on_frame(self, conn: SocketConnection, data: str) -> None:

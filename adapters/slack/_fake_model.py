@@ -307,6 +307,8 @@ class SocketConnection:
     unanswered, envelopes sent to it and frames the app sends (acks) are lost."""
     pings_unanswered: int = 0
     envelopes_lost: int = 0
+    refused: bool = False
+    """Refused at once because the app already held ``max_connections`` (Slack: ten) open connections."""
 
     @property
     def open(self) -> bool:

@@ -8,11 +8,19 @@ pong is 4 intervals old. Either way the monitor then calls `connect_to_new_endpo
 `apps.connections.open` for a new URL and connects again. That is the one place every replacement goes
 through (a `disconnect` frame from Slack too, with `force=True`), so the reason is judged there, once per
 connection.
+
+Several workers of one app each open their own connection; Slack sends each event to one of them at random.
+Slack holds at most ten per app: the eleventh WebSocket gets a single `disconnect` frame with reason
+`too_many_websockets` (no `hello`) and is closed. slack-sdk would answer that frame by reconnecting at once,
+forever. Here the refusal is said once, in one line, and the client asks again slowly (the same backoff as a
+failing `apps.connections.open`), so a worker beyond the tenth takes no Slack events until a slot frees, then
+connects by itself. A connection counts as opened on Slack's `hello`, so refused ones are never counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from typing import Any
@@ -26,6 +34,8 @@ from adapters.health import TransportHealth
 log = logging.getLogger("adapters.slack")
 
 BACKOFF_CAP = 60.0  # seconds: the longest wait before asking apps.connections.open again
+TOO_MANY = "too_many_websockets"
+REFUSED_LINE = "Slack allows at most 10 Socket Mode connections per app; this worker takes no Slack events until one frees"
 
 
 def backoff_delay(failures: int, interval: float, jitter: float) -> float:
@@ -51,16 +61,41 @@ class WatchedSocketModeClient(SocketModeClient):
         self.health = health
         self._judged: ClientWebSocketResponse | None = None  # the session whose end was already counted
         self._failures = 0  # apps.connections.open failures in a row
+        self._refusals = 0  # connections refused in a row with too_many_websockets
         self._listeners: set[asyncio.Task[Any]] = set()  # frames being handled (slack-sdk keeps no reference)
 
-    async def connect(self) -> None:
-        before = self.current_session
-        await super().connect()  # type: ignore[no-untyped-call]
+    @property
+    def refused(self) -> bool:
+        """Slack refused this worker's last connection (too many for the app) and none opened since."""
+        return self._refusals > 0
+
+    async def enqueue_message(self, message: str) -> None:
+        # Judged here, in the receive loop, before it reads the CLOSE that follows a refusal and reconnects:
+        # that reconnect must already see the refusal and wait (the frame itself is handled in a later task).
+        if TOO_MANY in message and _frame_is_refusal(message):
+            self._refusals += 1
+            self.health.lost()
+            if self._refusals == 1:
+                log.warning("Slack: %s", REFUSED_LINE)
+        await super().enqueue_message(message)
+
+    def _opened(self) -> None:
+        self.health.opened()
+        if self._refusals:
+            self._refusals = 0
+            log.info("Slack: a Socket Mode connection slot freed; this worker takes Slack events again")
+        elif self.health.reconnects:
+            log.info("Slack: Socket Mode reconnected (connection %d)", self.health.connections_opened)
+
+    async def _after_refusal(self) -> None:
+        """Not slack-sdk's `disconnect` handling (an immediate forced reconnect): close the refused socket if
+        Slack has not yet, then reconnect through the ordinary, locked path, which waits first (see
+        `issue_new_wss_url`)."""
         session = self.current_session
-        if session is not None and session is not before and not self.closed:
-            self.health.opened()
-            if self.health.reconnects:
-                log.info("Slack: Socket Mode reconnected (connection %d)", self.health.connections_opened)
+        if session is not None and not session.closed:
+            await session.close()
+        if not self.closed:
+            await self.connect_to_new_endpoint()
 
     async def run_message_listeners(self, message: dict[str, Any], raw_message: str) -> None:
         # slack-sdk runs every frame in a task of its own and never cancels it: a `disconnect` frame's task may
@@ -69,7 +104,13 @@ class WatchedSocketModeClient(SocketModeClient):
         if task is not None:
             self._listeners.add(task)
         try:
-            await super().run_message_listeners(message, raw_message)
+            kind = message.get("type")
+            if kind == "hello" and not self.closed:
+                self._opened()
+            if kind == "disconnect" and message.get("reason") == TOO_MANY:
+                await self._after_refusal()
+            else:
+                await super().run_message_listeners(message, raw_message)
         finally:
             if task is not None:
                 self._listeners.discard(task)
@@ -123,6 +164,10 @@ class WatchedSocketModeClient(SocketModeClient):
                 "Slack: apps.connections.open failed %d time(s); retrying in %.1fs", self._failures, delay
             )
             await asyncio.sleep(delay)
+        elif self._refusals:  # said once already (REFUSED_LINE); ask again slowly, quietly
+            delay = backoff_delay(self._refusals, self.ping_interval, random.random())
+            log.debug("Slack: Socket Mode refused %d time(s); asking again in %.1fs", self._refusals, delay)
+            await asyncio.sleep(delay)
         try:
             url = await super().issue_new_wss_url()
         except Exception:
@@ -130,3 +175,11 @@ class WatchedSocketModeClient(SocketModeClient):
             raise
         self._failures = 0
         return url
+
+
+def _frame_is_refusal(raw: str) -> bool:
+    try:
+        frame = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(frame, dict) and frame.get("type") == "disconnect" and frame.get("reason") == TOO_MANY

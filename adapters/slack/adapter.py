@@ -47,7 +47,7 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.bridge import ApprovalDoc, Bridge, ClickOrigin, Decision, Place, TransportError, valid_payload
+from adapters.bridge import BridgeLike, ClickOrigin, Decision, Place, TransportError, valid_payload
 from adapters.bridge.approvals import Action, split_entry
 from adapters.bridge.text import neutralize_bidi
 from adapters.health import TransportHealth
@@ -131,7 +131,7 @@ class SlackAdapter:
         self._secrets = secrets
         self._clock = clock
         self.url: str | None = None  # HTTP mode: the Request URL once started
-        self.bridge: Bridge | None = None
+        self.bridge: BridgeLike | None = None
         self.transport: SlackTransport | None = None
         self.team_id: str | None = None
         self.catch_up_summary: str | None = None  # what the start-up catch-up did (the runtime prints it)
@@ -153,9 +153,15 @@ class SlackAdapter:
         """Socket Mode: connections opened, reconnects, stale (deaf) connections detected (a copy)."""
         return self._health.copy()
 
+    @property
+    def socket_refused(self) -> bool:
+        """Socket Mode: Slack refused this worker's connection because the app already holds ten (one per
+        worker); it keeps asking slowly and takes no Slack events until a slot frees."""
+        return self._socket is not None and self._socket.refused
+
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
-    async def start(self, bridge: Bridge) -> None:
+    async def start(self, bridge: BridgeLike) -> None:
         """Connect (auth.test), attach the transport, catch up on missed messages, then start intake."""
         self.bridge = bridge
         self._stopping = False
@@ -356,7 +362,7 @@ class SlackAdapter:
         channel = str(where.get("id") or container.get("channel_id") or "")
         thread = container.get("thread_ts")
         clicked_ts = str(container.get("message_ts") or (body.get("message") or {}).get("ts") or "")
-        gate = await bridge.harness.snapshot(ApprovalDoc, key=str(gate_id)) or {}
+        gate = await bridge.gate_doc(gate_id) or {}
         tool = str(gate.get("tool") or "the tool")
         name = await transport.directory.name(user_id, fallback=user.get("name"))
         groups: list[str] = []
@@ -456,7 +462,7 @@ class SlackAdapter:
             ) from None
         except TransportError as exc:
             log.warning("Slack: apps.connections.open failed (%s); retrying", exc)
-        await client.connect()
+        await client.connect()  # type: ignore[no-untyped-call]
 
     async def _on_socket_request(self, client: Any, req: Any) -> None:
         # slack-sdk runs each envelope in a task it keeps no reference to: hold one, and drain them at stop().

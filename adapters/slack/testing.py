@@ -51,7 +51,7 @@ from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
-from adapters.slack._fake_delivery import SLACK_USER_AGENT, Deliverer
+from adapters.slack._fake_delivery import MAX_SOCKET_CONNECTIONS, SLACK_USER_AGENT, Deliverer
 from adapters.slack._fake_faults import (
     DROP,
     DropConnection,
@@ -169,6 +169,14 @@ class FakeSlack:
         stream_idle_timeout: a streaming message not appended to for this long stops streaming
             (``message_not_in_streaming_state``), like Slack's server-side expiry. ``None``: never.
         clock: source of message timestamps (``ts``); defaults to ``time.time``.
+        max_connections: Socket Mode connections the app may hold at once (Slack: 10). One more is refused the
+            way Slack refuses it: the WebSocket opens, gets a single ``disconnect`` frame with reason
+            ``too_many_websockets`` instead of ``hello``, and closes (see ``refused_connections``).
+
+    Socket Mode with several connections (several processes of one app): each envelope goes to ONE open
+    connection picked at random (``seed`` makes the picks repeatable); with ``auto_retry`` an envelope not
+    acknowledged within ``ack_timeout`` is sent again, with ``retry_attempt``/``retry_reason``, to a random
+    connection open at that moment.
     """
 
     def __init__(
@@ -197,6 +205,7 @@ class FakeSlack:
         clock: Callable[[], float] = time.time,
         host: str = "127.0.0.1",
         port: int = 0,
+        max_connections: int = MAX_SOCKET_CONNECTIONS,
     ) -> None:
         self.team_id = team_id
         self.team_name = team_name
@@ -216,6 +225,7 @@ class FakeSlack:
         self.mention_order: MentionOrder = mention_order
         self.echo_bot_events = echo_bot_events
         self.stream_idle_timeout = stream_idle_timeout
+        self.max_connections = max_connections
         self._host = host
         self._port = port
 
@@ -500,6 +510,11 @@ class FakeSlack:
     @property
     def open_connections(self) -> list[SocketConnection]:
         return self._deliverer.open_connections
+
+    @property
+    def refused_connections(self) -> list[SocketConnection]:
+        """Connections refused with ``too_many_websockets`` (the app already held ``max_connections``)."""
+        return self._deliverer.refused_connections
 
     @property
     def response_url_calls(self) -> list[ResponseUrlCall]:

@@ -47,7 +47,6 @@ from adapters.bridge import (
     IncomingMessage,
     MessageGone,
     Place,
-    PlaceDoc,
     RateGovernor,
     RetryLater,
     TransportError,
@@ -62,7 +61,7 @@ from adapters.slack.events import HumanMessage, MalformedEvent, human_message
 from adapters.slack.safe_text import slack_text
 
 if TYPE_CHECKING:
-    from adapters.bridge import Bridge
+    from adapters.bridge import BridgeLike
 
 log = logging.getLogger("adapters.slack")
 
@@ -132,7 +131,7 @@ class SlackTransport:
         team_id: str,
         bot_user_id: str,
         bot_id: str | None,
-        bridge: Bridge | None = None,
+        bridge: BridgeLike | None = None,
     ) -> None:
         self.client = client
         self.options = options
@@ -624,5 +623,5 @@ class SlackTransport:
         """The bridge has a conversation for `place` (then it is in the bridge's own catch-up)."""
         if self.bridge is None:
             return False
-        doc = await self.bridge.harness.snapshot(PlaceDoc, key=place.key)
+        doc = await self.bridge.place_doc(place)
         return bool(doc and doc.get("conversation_id") is not None)

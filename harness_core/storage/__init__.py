@@ -17,6 +17,7 @@ from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
 from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
 from harness_core.storage._postgres import PostgresStorage, redact_url
+from harness_core.storage._postgres_balance import Balancer, Resources, assign
 from harness_core.storage._postgres_ingress import IngressRecord, WorkerInfo
 from harness_core.storage._postgres_lease import Lease, LeaseHolder
 from harness_core.storage._postgres_store import PostgresStore, ResourceLease
@@ -24,6 +25,7 @@ from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Or
 from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
+    "Balancer",
     "CommitBatch",
     "CopyReport",
     "DocChange",
@@ -40,10 +42,12 @@ __all__ = [
     "PostgresStorage",
     "PostgresStore",
     "ResourceLease",
+    "Resources",
     "SqliteStorage",
     "Storage",
     "StorageMeta",
     "WorkerInfo",
+    "assign",
     "copy_sqlite_to_postgres",
     "redact_url",
 ]

@@ -34,7 +34,7 @@ def test_unknown_key_is_an_error_that_lists_the_allowed_keys() -> None:
     (problem,) = problems('[storage]\npath = "x.sqlite"\ndurabilty = "full"\n')
     assert (
         problem
-        == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability, url, lease_ttl)"
+        == "bot.toml:3: storage.durabilty: unknown key (allowed here: path, durability, url, lease_ttl, partitions)"
     )
 
 
@@ -329,6 +329,11 @@ def test_storage_url_problems_are_named_without_echoing_the_url() -> None:
     assert "either path (a SQLite file) or url, not both" in both
     (ttl,) = problems(NO_GATES + "[storage]\nlease_ttl = 0\n")
     assert ttl.startswith("bot.toml:4: storage.lease_ttl: ")
+    assert parse_config(NO_GATES).storage.partitions == 64
+    assert parse_config(NO_GATES + "[storage]\npartitions = 1\n").storage.partitions == 1
+    for wrong in ("0", "1025", '"many"'):
+        (partitions,) = problems(NO_GATES + f"[storage]\npartitions = {wrong}\n")
+        assert partitions.startswith("bot.toml:4: storage.partitions: "), partitions
     with pytest.raises(ConfigError) as caught:
         parse_config(NO_GATES).storage_target({"DATABASE_URL": "redis://:hunter2@cache/0"})
     assert "DATABASE_URL" in str(caught.value) and "hunter2" not in str(caught.value)

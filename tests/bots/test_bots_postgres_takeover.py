@@ -39,7 +39,7 @@ def pg_config(workdir: Path, url: str) -> Path:
     return shipped_config_in(
         workdir,
         replace={
-            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}",
+            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}\npartitions = 1",
             'approvers = ["devchat:lead"]': 'approvers = ["slack:UBOSS"]\ngroups = ["slack:SONCALL"]',
             "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(workdir / 'deploys.jsonl'))}\n",
         },

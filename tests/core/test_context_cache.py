@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import harness_core._context_cache as context_cache_module
-from harness_core import EntryDraft, Harness, Input, Tx
+from harness_core import EntryDraft, Harness, HarnessSettings, Input, Tx
 from harness_core._context_cache import ContextCache
 from harness_core.context import derive_context
 from harness_core.conversation import load_context, read_active_range
@@ -250,4 +250,19 @@ async def test_misses_are_counted_and_a_range_read_back_counts_only_its_newer_en
     assert counted == [newer]  # the rest came from what the cache knew when it let the range go
     _, entries = await read_active_range(harness, root.id, None)
     assert cache.size[1] == sum(real(e) for e in entries) > whole  # the same as counting them all
+    await harness.close()
+
+
+async def test_the_settings_give_a_harness_its_share_of_the_cache() -> None:
+    """A worker running one harness per owned partition gives each a share of the budget (bots/workers.py)."""
+    settings = HarnessSettings(context_cache_bytes=3_000, context_cache_conversations=2)
+    harness = await Harness.open(await MemoryStorage.open(), settings=settings)
+    root = await harness.root()
+    conversations = [root.id] + [(await harness.create_conversation()).id for _ in range(3)]
+    for conversation_id in conversations:
+        for n in range(3):
+            await note(harness, conversation_id, f"{n}: " + "w" * 400)
+        await assert_agrees(harness, conversation_id)
+        held, size = harness.context_cache.size
+        assert held <= 2 and size <= 3_000
     await harness.close()

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from adapters.bridge import DeleteRefused, GateView, MessageGone, Place
+from adapters.bridge import DeleteRefused, GateView, MessageGone, Place, Router
+from adapters.bridge.testing import MemoryIngress
 from adapters.devchat import ChatStore, DevchatConfigError, DevchatTransport, StoreLocked, create
 from adapters.devchat.transport import mentions
 
@@ -195,3 +196,13 @@ async def test_delete_removes_a_part_repeats_harmlessly_and_refuses_a_thread_par
     await store.add_human("general", int(parent), author="alice", text="about this", client_id="c1")
     with pytest.raises(DeleteRefused):  # the bridge blanks it instead: the thread stays readable
         await chat.delete(GENERAL, parent, "reply:8#1")
+
+
+async def test_devchat_refuses_to_run_as_one_of_several_workers(tmp_path: Path) -> None:
+    """Its page reads the whole store through one harness: behind a partition router it cannot work."""
+    adapter = create({"port": 0, "store": str(tmp_path / "c.sqlite")}, {})
+    router = Router(MemoryIngress(), 4)
+    with pytest.raises(DevchatConfigError, match=r"single process .* \[storage\] partitions = 1"):
+        await adapter.start(router)
+    await router.stop()
+    assert not (tmp_path / "c.sqlite").exists()  # refused before anything was opened

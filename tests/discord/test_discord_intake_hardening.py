@@ -199,7 +199,7 @@ async def test_hostile_dispatches_never_stop_the_gateway(
             await fake.dispatch_raw(event, payload, guild_id=guild.id)
         await fake.user_sends(general, alice, f"{fake.bot.mention} sentinel")
         await answer(fake, general, "sentinel")
-    assert adapter._gateway is not None and not adapter._gateway.done()
+    assert adapter._gateway_tasks() and not any(t.done() for t in adapter._gateway_tasks())
     assert bot.adapter is adapter and adapter.health().connected
     assert "the gateway connection ended" not in caplog.text
     assert "intake failed; retrying" not in caplog.text

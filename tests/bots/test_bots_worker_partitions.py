@@ -1,0 +1,110 @@
+"""The worker runtime's partition stacks in one process over a real PostgreSQL store: a partition whose lease
+is lost closes alone and writes nothing more; the others carry on; a graceful stop releases the rest."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+from bots_cli_support import shipped_config_in, toml_value
+
+from adapters.bridge import Router
+from bots.config import load_config
+from bots.metrics import BotMetrics
+from bots.runtime import agent_change, build_models, enabled_tools, known_tools
+from bots.workers import PartitionHost, cache_share, owned_line, rescue_grace
+from harness_core import HarnessSettings
+from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
+
+PARTITIONS = 4
+TTL = 1.5
+
+
+async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
+    tmp_path: Path, pg_url: str
+) -> None:
+    config = load_config(
+        shipped_config_in(
+            tmp_path,
+            replace={
+                'path = "var/ops.sqlite"': f"url = {toml_value(pg_url)}\nlease_ttl = {TTL}\npartitions = {PARTITIONS}"
+            },
+        )
+    )
+    env: dict[str, str] = {}
+    known, _ = known_tools(config)
+    said: list[str] = []
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    router = Router(store, PARTITIONS)
+    models = build_models(config.bot.model_ref, env)
+    host = PartitionHost(
+        config,
+        env,
+        router=router,
+        models=models,
+        metrics=BotMetrics(),
+        agent=agent_change(config, enabled_tools(config, known)),
+        say=said.append,
+    )
+    balancer = Balancer(
+        store,
+        [
+            Resources(
+                ids=tuple(range(PARTITIONS)),
+                take=store.open_partition,
+                is_claim=lambda claim: isinstance(claim, PostgresStorage),
+                lost_of=host.gone_of,
+            )
+        ],
+        on_gain=host.gain,
+        on_lose=host.lose,
+        tick=0.2,
+        grace=rescue_grace(TTL),
+    )
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await balancer.start()
+        assert sorted(host.parts) == list(range(PARTITIONS))
+        assert sorted(router.owned()) == list(range(PARTITIONS))
+        lost = host.parts[2]
+        # Another process takes partition 2 over (as after a pause past the ttl): a new holder, a new epoch.
+        await conn.execute(
+            "UPDATE leases SET holder = 'thief', epoch = epoch + 1, expires_at = now() + interval '1 minute' "
+            "WHERE partition = 2"
+        )
+        meta_before = await conn.fetchrow("SELECT next_id, last_seq FROM meta WHERE partition = 2")
+        await asyncio.wait_for(asyncio.shield(lost.gone), TTL * 4)  # the renewal found the new holder
+        for _ in range(100):  # then the balancer's next tick closes the partition
+            if 2 not in host.parts:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(host.parts) == [0, 1, 3] and sorted(router.owned()) == [0, 1, 3]
+        assert lost.harness.closed.done() and 2 not in balancer.owned
+        assert all(not part.harness.closed.done() for part in host.parts.values())
+        # Nothing more was written for it: its meta and its lease row are as the new holder left them.
+        assert await conn.fetchrow("SELECT next_id, last_seq FROM meta WHERE partition = 2") == meta_before
+        assert await conn.fetchval("SELECT holder FROM leases WHERE partition = 2") == "thief"
+        # The others still commit.
+        for number in (0, 1, 3):
+            assert await host.parts[number].bridge.watching_since("test", f"w{number}") > 0
+        await balancer.stop()
+        assert host.parts == {} and router.owned() == frozenset()
+        holders = dict(await conn.fetch("SELECT partition, holder FROM leases WHERE partition >= 0"))
+        assert holders == {0: None, 1: None, 2: "thief", 3: None}  # released at once, except the lost one
+    finally:
+        await conn.close()
+        await balancer.stop()
+        await router.stop()
+        await store.close()
+        await models.aclose()
+
+
+def test_each_partition_harness_gets_a_share_of_the_cache_and_the_console_speaks_plainly() -> None:
+    settings = HarnessSettings()
+    share = cache_share(settings, 64)
+    assert share.context_cache_bytes * 64 <= settings.context_cache_bytes * 4  # not 64 full budgets
+    assert share.context_cache_conversations >= 8
+    assert cache_share(settings, 1).context_cache_bytes == settings.context_cache_bytes
+    assert owned_line(21, 64) == "durable-bots: worker owns 21 of 64 partitions"
+    assert "connects to no platform" in owned_line(0, 64)
