@@ -32,6 +32,7 @@ from benchmarks._pg_server import Activity, Probe, Server, durable_server
 from benchmarks._report import Report
 from benchmarks.commit_rate import small_commit
 from benchmarks.postgres import database
+from benchmarks.workers import partitions_supported
 from harness_core import Harness
 from harness_core.storage import PostgresStorage, PostgresStore
 
@@ -97,6 +98,12 @@ class TurnCosts:
     idle: Activity  # the idle worker's background
 
 
+def worker_partitions() -> int | None:
+    """The bot of the turn measurements: a worker on the default 64 partitions (every message through the
+    router's ingress, as with many workers), or, in a build without partitions, today's single owner."""
+    return PARTITIONS if partitions_supported() else None
+
+
 async def turn_costs(
     server: Server, probe: Probe, options: Options, turns: int, recorded: int, idle_seconds: float
 ) -> TurnCosts:
@@ -106,7 +113,7 @@ async def turn_costs(
         async with database(server.admin_url) as url, FakeSlack(ack_timeout=10.0) as fake:
             channels = [fake.add_channel(f"cost-{n}") for n in range(CHANNELS)]
             users = [fake.add_user(f"U{n:03d}", name=f"user{n}") for n in range(CHANNELS)]
-            bot = BotProcess("cost", scratch, url)
+            bot = BotProcess("cost", scratch, url, partitions=worker_partitions())
             await bot.start({**os.environ, **fake.env, "DURABLE_BOTS_DEMO_DELAY_MS": "0"})
             try:
                 await bot.wait_for(READY, 60)
@@ -336,7 +343,13 @@ async def run(options: Options) -> Report:
         TITLE,
         "One PostgreSQL server (a throwaway cluster with fsync and synchronous commits on, or "
         "$DURABLE_BOTS_BENCH_DATABASE_URL), the same disk and 2 cores as everything else. Turns: a real "
-        "`durable-bots run` (Slack Socket Mode, fake Slack, faux:demo), one at a time over "
+        "`durable-bots run` (Slack Socket Mode, fake Slack, faux:demo"
+        + (
+            f"; a worker on {PARTITIONS} partitions, so every message goes through the router's ingress"
+            if worker_partitions()
+            else "; one process owning the store"
+        )
+        + "), one at a time over "
         f"{CHANNELS} channels: {turns} tool turns (`/call lookup`: model, tool, model, answer), {turns} plain "
         f"turns (a mention the demo answers in one model call, as in `workers`), then {recorded} recorded "
         "messages; per unit: the server's WAL records between two LSNs (`pg_waldump --stats`: COMMIT records "
@@ -348,7 +361,7 @@ async def run(options: Options) -> Report:
         "transaction into one table. Ingress: `PostgresStore.put_ingress` (INSERT ... ON CONFLICT DO NOTHING + "
         "pg_notify, a ~600-byte payload) one at a time with the store's listener counting NOTIFYs, then "
         "`finish_ingress` of each, then 8 puts at once. Estimate: the issue's load on 2 workers (500 "
-        "messages/s, 50 answered, every event to a random worker so half the messages go through ingress) from these costs.",
+        "messages/s, 50 answered, every message through ingress, as the router does) from these costs.",
     )
     async with durable_server() as server:
         probe = await Probe.open(server)
@@ -405,14 +418,15 @@ async def run(options: Options) -> Report:
     report.add("ingress put, 8 at once", put_concurrent, "puts/s")
     report.add("notifications heard", heard, "", f"of {ingress_count} puts")
 
-    # The issue's load on 2 workers: 500 messages/s, 50 of them answered (a mention is two events, message
-    # and app_mention, one intake), every event reaching a random worker: half of the messages go through
-    # ingress (the app_mention of a mention carries its message's id, so its put finds the record there).
+    # The issue's load on 2 workers: 500 messages/s, 50 of them answered. The router commits every message as
+    # an ingress record whichever worker received it (so a channel's order holds), and the owner finishes it
+    # after its intake; a mention's second event (app_mention) carries the same message id and finds it there.
     # The server's commit ceiling as measured: the best of both writers (raw asyncpg leaves the client the least
     # to do; in a deployment the workers' client work is spread over their own processes and machines).
     best = max(max(ours, raw) for ours, _, raw, _ in writer_rates.values())
     turn, message = costs.plain_turn, costs.recorded
-    forwarded = LOAD_MESSAGES / 2
+    # Measured on a worker, a turn's and a message's costs already hold their ingress put and finish.
+    forwarded = 0 if worker_partitions() is not None else LOAD_MESSAGES
     transactions = (
         LOAD_TURNS * turn.transactions
         + (LOAD_MESSAGES - LOAD_TURNS) * message.transactions
@@ -427,7 +441,7 @@ async def run(options: Options) -> Report:
         "the issue's load on 2 workers: transactions/s",
         transactions,
         "/s",
-        "no group commit (an upper bound), ingress for half the messages",
+        "no group commit (an upper bound); every message through ingress",
     )
     report.add("the issue's load on 2 workers: server CPU", cpu, "cores")
     report.add(
