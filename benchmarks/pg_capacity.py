@@ -274,7 +274,7 @@ async def raw_writers(server: Server, probe: Probe, writers: int, seconds: float
 
 async def ingress(
     server: Server, probe: Probe, count: int, writers: int
-) -> tuple[float, PerUnit, float, PerUnit, float, int, float]:
+) -> tuple[float, PerUnit, float, PerUnit, float, int, float, float]:
     """(puts/s, per put, finishes/s, per finish, puts/s from `writers` tasks at once, notifications heard of
     the `count` sequential puts), through `PostgresStore.put_ingress` / `finish_ingress` on one store whose
     `on_ingress` listener counts the NOTIFYs."""
@@ -310,6 +310,7 @@ async def ingress(
             await asyncio.gather(*(write(w) for w in range(writers)))
             concurrent = sum(done) / (time.monotonic() - began)
             silent = await puts_without_notify(url, writers, max(1.0, elapsed))
+            after = await puts_without_notify(url, writers, max(1.0, elapsed), notify_after=True)
         finally:
             await store.close()
     return (
@@ -320,6 +321,7 @@ async def ingress(
         concurrent,
         heard_sequential,
         silent,
+        after,
     )
 
 
@@ -331,8 +333,10 @@ SILENT_PUT = (
 )
 
 
-async def puts_without_notify(url: str, writers: int, seconds: float) -> float:
-    """Ingress inserts into the store's own table from `writers` asyncpg connections at once, no NOTIFY."""
+async def puts_without_notify(url: str, writers: int, seconds: float, *, notify_after: bool = False) -> float:
+    """Ingress inserts into the store's own table from `writers` asyncpg connections at once, no NOTIFY in
+    their transaction; `notify_after`: each followed by a NOTIFY in a transaction of its own (which writes no
+    WAL, so its turn at the lock is short)."""
     conns = [await asyncpg.connect(url) for _ in range(writers)]
     try:
         text = json.dumps(PAYLOAD)
@@ -342,7 +346,10 @@ async def puts_without_notify(url: str, writers: int, seconds: float) -> float:
 
         async def write(w: int) -> None:
             while loop.time() < deadline:
-                await conns[w].fetch(SILENT_PUT, f"slack:C3:{w}:{done[w]}", w % PARTITIONS, text)
+                key = f"slack:C{4 if notify_after else 3}:{w}:{done[w]}"
+                await conns[w].fetch(SILENT_PUT, key, w % PARTITIONS, text)
+                if notify_after:
+                    await conns[w].execute("SELECT pg_notify('bench_ingress', $1)", str(w % PARTITIONS))
                 done[w] += 1
 
         began = time.monotonic()
@@ -393,7 +400,7 @@ async def run(options: Options) -> Report:
         f"after another, all N at once, {seconds:g} s; anchor: N asyncpg connections, one 500-byte INSERT per "
         "transaction into one table. Ingress: `PostgresStore.put_ingress` (INSERT ... ON CONFLICT DO NOTHING + "
         "pg_notify, a ~600-byte payload) one at a time with the store's listener counting NOTIFYs, then "
-        "`finish_ingress` of each, then 8 puts at once, and the same inserts without the NOTIFY (raw asyncpg). Estimate: the issue's load on 2 workers (500 "
+        "`finish_ingress` of each, then 8 puts at once, and the same inserts without the NOTIFY, and with it in a transaction of its own after each (raw asyncpg). Estimate: the issue's load on 2 workers (500 "
         "messages/s, 50 answered, every message through ingress, as the router does) from these costs.",
     )
     async with durable_server() as server:
@@ -405,7 +412,7 @@ async def run(options: Options) -> Report:
                 ours_rate, ours_unit = await ours_writers(server, probe, n, seconds)
                 raw_rate, raw_unit = await raw_writers(server, probe, n, seconds)
                 writer_rates[n] = (ours_rate, ours_unit, raw_rate, raw_unit)
-            put_rate, put, finish_rate, finish, put_concurrent, heard, silent = await ingress(
+            put_rate, put, finish_rate, finish, put_concurrent, heard, silent, after = await ingress(
                 server, probe, ingress_count, 8
             )
         finally:
@@ -453,6 +460,12 @@ async def run(options: Options) -> Report:
         "ingress insert without NOTIFY, 8 at once", silent, "puts/s", "raw asyncpg into the same table"
     )
     report.ratio("ingress put / insert without NOTIFY, 8 at once", put_concurrent, silent)
+    report.add(
+        "ingress insert, then NOTIFY in its own transaction, 8 at once",
+        after,
+        "puts/s",
+        "raw asyncpg: what the put would do with its NOTIFY moved out",
+    )
     report.add("notifications heard", heard, "", f"of {ingress_count} puts")
 
     # The issue's load on 2 workers: 500 messages/s, 50 of them answered. The router commits every message as
