@@ -537,7 +537,12 @@ def _storage_named(config: BotConfig, env: Mapping[str, str]) -> str:
     if target.kind == "postgres":
         assert target.url is not None
         via = " (from DATABASE_URL)" if target.source == "DATABASE_URL" else ""
-        return f"PostgreSQL {redact_storage_url(target.url)}{via} (lease ttl {config.storage.lease_ttl:g} s)"
+        shape = (
+            "one leader, standbys wait"
+            if config.storage.partitions == 1
+            else f"{config.storage.partitions} partitions shared by the workers"
+        )
+        return f"PostgreSQL {redact_storage_url(target.url)}{via} (lease ttl {config.storage.lease_ttl:g} s, {shape})"
     return f"{target.path or config.storage_path} (durability {config.storage.durability})"
 
 

@@ -38,8 +38,8 @@ async def reload_config(runtime: object, say: Callable[[str], None]) -> BotConfi
         sync_agents,
     )
 
-    assert isinstance(runtime, Runtime)
-    current = runtime.config
+    current = runtime.config  # type: ignore[attr-defined]  # a Runtime, or a worker's (bots.workers)
+    assert isinstance(current, BotConfig)
     try:
         fresh = load_config(current.source)
         problems = check_tools(fresh)
@@ -66,13 +66,17 @@ async def reload_config(runtime: object, say: Callable[[str], None]) -> BotConfi
     tools = enabled_tools(fresh, known)
     # The model stays the running one: a new provider needs a restart.
     agent = dataclasses.replace(agent_change(fresh, tools), model=current.bot.model_ref)
-    runtime.bridge.config = bridge_config(fresh)
-    runtime.bridge.approvals.policies = approval_policies(fresh)
-    runtime.bridge.agent = agent
-    runtime.agent = agent
-    runtime.tools = tools
     # runtime.config stays the file the bot started with: a second reload still names what awaits a restart.
-    updated = await sync_agents(runtime)
+    if isinstance(runtime, Runtime):
+        runtime.bridge.config = bridge_config(fresh)
+        runtime.bridge.approvals.policies = approval_policies(fresh)
+        runtime.bridge.agent = agent
+        runtime.agent = agent
+        runtime.tools = tools
+        updated = await sync_agents(runtime)
+    else:  # a worker: every partition it runs now, and the ones it opens later
+        apply = runtime.apply_reload  # type: ignore[attr-defined]
+        updated = int(await apply(bridge_config(fresh), approval_policies(fresh), agent))
     say(
         f"durable-bots: reloaded {current.source}: answer, channels, approvals, tools, instructions applied"
         f" ({updated} conversation(s) updated)"

@@ -560,7 +560,8 @@ async def run_bot(
     target = config.storage_target(env)
     workers = target.kind == "postgres" and config.storage.partitions > 1
     if workers:
-        from bots.workers import refuse_devchat, worker_adapter_options  # late: bots.workers builds on this
+        from bots.shards import worker_adapter_options  # late: the worker modules build on this one
+        from bots.workers import refuse_devchat
 
         refuse_devchat(config, names)
     factories = {name: adapter_factory(config, name) for name in names}

@@ -10,8 +10,8 @@ ingress record its owner takes in.
 
 - A worker that owns no partition is a **standby**: it connects to no platform until it owns one.
 - Rate limits hold per process: the router gives every partition bridge the same governor per platform.
-- Memory: each partition's harness gets a share of the context cache budget (`cache_share`), so 64
-  harnesses do not hold 64 full caches.
+- Memory: each partition's harness gets a share of the context cache budget (`partition_stack.cache_share`),
+  so 64 harnesses do not hold 64 full caches.
 - Losing one partition's lease (paused past the ttl, cut off from the database) closes that partition only;
   its harness writes nothing more, since every commit is fenced and every platform write checks the lease.
 - SIGTERM drains: partitions are handed over (released at once, the others take them on the notification),
@@ -22,23 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from adapters.base import Adapter
-from adapters.bridge import Bridge, Router
+from adapters.bridge import Router
 from adapters.health import health_of
 from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
 from bots.config import BotConfig
 from bots.metrics import BotMetrics
-from bots.operator_requests import OperatorDesk
-from bots.ops import OpsContext, history_extension, ops_extension
+from bots.partition_stack import Desks, PartitionHost
+from bots.reload import Reloads
 from bots.runtime import (
     EXIT_ERROR,
     EXIT_OK,
@@ -47,25 +45,17 @@ from bots.runtime import (
     Console,
     adapter_url,
     agent_change,
-    approval_policies,
-    bridge_config,
     build_models,
     check_tools,
     enabled_tools,
     known_tools,
-    load_plugin,
-    sync_conversations,
 )
+from bots.shards import ShardHost, shard_plan
 from harness_core import (
-    AgentChange,
-    Harness,
-    HarnessSettings,
-    Models,
-    Registry,
     StorageError,
     WatchdogSettings,
 )
-from harness_core.storage import Balancer, LeaseHolder, PostgresStorage, PostgresStore, Resources
+from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
 log = logging.getLogger("bots.workers")
 
@@ -73,19 +63,9 @@ DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned 
 MIN_CACHE_BYTES = 512 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
+INGRESS_KEEP = 86_400.0  # seconds a finished ingress record (its platform key) is kept
+PRUNE_EVERY = 3_600.0
 QUIET_WATCHDOG = WatchdogSettings(enabled=False, interval_ms=60_000)
-
-
-def cache_share(settings: HarnessSettings, partitions: int) -> HarnessSettings:
-    """A partition harness's share of the context cache: the budget divided by the partition count (a worker
-    owning all of them holds about one budget), never below a useful floor."""
-    return dataclasses.replace(
-        settings,
-        context_cache_bytes=max(settings.context_cache_bytes // partitions, MIN_CACHE_BYTES),
-        context_cache_conversations=max(
-            settings.context_cache_conversations // partitions, MIN_CACHE_CONVERSATIONS
-        ),
-    )
 
 
 def rescue_grace(ttl: float) -> float:
@@ -110,165 +90,22 @@ def owned_line(owned: int, partitions: int, *, connected: bool = False) -> str:
     return f"durable-bots: worker owns {owned} of {partitions} partitions"
 
 
-@dataclass
-class Partition:
-    """What runs for one owned partition."""
-
-    number: int
-    storage: PostgresStorage
-    harness: Harness
-    bridge: Bridge
-    desk: OperatorDesk
-    gone: asyncio.Future[str]  # the lease was lost or the harness closed: this partition must stop
-    unsubscribe: Callable[[], None]
-
-
-class PartitionHost:
-    """Opens and closes the stack of each partition the balancer gives this worker (`gain` / `lose`)."""
+class IngressPruner:
+    """Deletes ingress records finished more than `keep` seconds ago, every `every` seconds (any worker may:
+    it is one idempotent statement). Kept a day by default: longer than any platform re-sends an event, so a
+    late duplicate still finds its key. Owns its task."""
 
     def __init__(
-        self,
-        config: BotConfig,
-        env: Mapping[str, str],
-        *,
-        router: Router,
-        models: Models,
-        metrics: BotMetrics,
-        agent: AgentChange,
-        say: Callable[[str], None],
+        self, store: PostgresStore, *, keep: float = INGRESS_KEEP, every: float = PRUNE_EVERY
     ) -> None:
-        self.config = config
-        self.say = say
-        self.env = env
-        self.router = router
-        self.models = models
-        self.metrics = metrics
-        self.agent = agent
-        self.settings = cache_share(config.harness_settings(), router.partitions)
-        self.parts: dict[int, Partition] = {}
-        self._gone: dict[int, asyncio.Future[str]] = {}
-        self._watchdog: int | None = None  # the partition whose harness runs the event-loop lag watchdog
-
-    def gone_of(self, handle: Any) -> asyncio.Future[str]:
-        """The future that resolves when the partition `handle` is bound to must stop (for the balancer)."""
-        return self._gone[int(handle.partition)]
-
-    def running(self) -> list[tuple[Harness, Bridge]]:
-        return [(p.harness, p.bridge) for p in self.parts.values()]
-
-    async def gain(self, number: int, handle: Any) -> None:
-        assert isinstance(handle, PostgresStorage)
-        gone: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._gone[number] = gone
-        try:
-            part = await self._open(number, handle, gone)
-        except BaseException:
-            self._gone.pop(number, None)
-            with contextlib.suppress(Exception):
-                await handle.close()  # releases the lease: this or another worker tries again
-            raise
-        self.parts[number] = part
-
-    def _bridge(self, harness: Harness, guard: Callable[[], None]) -> Bridge:
-        return Bridge(
-            harness,
-            config=bridge_config(self.config),
-            agent=self.agent,
-            approvals=approval_policies(self.config),
-            write_guard=guard,
-        )
-
-    async def _open(self, number: int, handle: PostgresStorage, gone: asyncio.Future[str]) -> Partition:
-        registry = Registry()
-        # One event-loop lag watchdog per process is enough (it watches the loop, not the partition): the
-        # first partition's harness runs it; the others get one that never reports and wakes once a minute.
-        watching = self._watchdog is None or self._watchdog not in self.parts
-        settings = self.settings if watching else dataclasses.replace(self.settings, watchdog=QUIET_WATCHDOG)
-        harness = await Harness.open(
-            self.metrics.storage(handle),
-            models=self.models,
-            registry=registry,
-            settings=settings,
-            on_report=_report,
-        )
-        try:
-            # The same tools in every partition: a conversation's tools do not depend on who runs it.
-            bridge = self._bridge(harness, handle.check_owner)
-            ctx = OpsContext(config=self.config, env=self.env, storage=handle)
-            registry.install(ops_extension(ctx))
-            registry.install(history_extension(ctx))
-            registry.install(bridge.extension())
-            for module_name in self.config.tools.modules:
-                registry.install(load_plugin(module_name, ctx))
-            await bridge.start()
-            await sync_conversations(harness, self.agent)
-            harness.resume()
-            if watching:
-                self._watchdog = number
-            unsubscribe = harness.add_publication_listener(self.metrics.on_publication)
-            await self.router.add_partition(number, bridge)
-            parked = (await harness.inspect()).parked()
-            if parked:
-                ids = ", ".join(str(t.record.id) for t in parked)
-                self.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await harness.close()
-            raise
-
-        def stop_with(reason: str) -> None:
-            if not gone.done():
-                gone.set_result(reason)
-
-        lease = handle.lease
-        if lease is not None:
-            lease.lost.add_done_callback(
-                lambda lost: stop_with(lost.result() if not lost.cancelled() else "lease lost")
-            )
-        harness.closed.add_done_callback(lambda _closed: stop_with("its storage closed"))
-        desk = OperatorDesk(handle, harness, bridge)
-        return Partition(number, handle, harness, bridge, desk, gone, unsubscribe)
-
-    async def lose(self, number: int, handle: Any) -> None:
-        """Close the partition: the router stops feeding it, its bridge stops (no more deliveries), its harness
-        closes (running work is signalled and joined; the handle writes its meta and releases the lease, or,
-        when the lease was lost, writes nothing more)."""
-        part = self.parts.pop(number, None)
-        self._gone.pop(number, None)
-        if part is None:
-            with contextlib.suppress(Exception):
-                await handle.close()
-            return
-        lost = part.gone.result() if part.gone.done() else None  # closing it below resolves `gone` too
-        if number in self.router.owned():
-            await self.router.remove_partition(number)
-        part.unsubscribe()
-        try:
-            await asyncio.wait_for(part.bridge.stop(), STEP_TIMEOUT)
-        except Exception as exc:
-            log.warning("partition %d: stopping its bridge: %r", number, exc)
-        try:
-            await asyncio.wait_for(part.harness.close(), STEP_TIMEOUT * 2)
-        except Exception as exc:
-            log.warning("partition %d: closing its harness: %r", number, exc)
-        if lost is not None:
-            log.warning("partition %d stopped on this worker: %s", number, lost)
-
-
-def _report(error: BaseException) -> None:
-    log.warning("%s", error)
-
-
-class Desks:
-    """Operator requests (`retry`, `cancel`, `approvals decide`) are queued in the partition of their target;
-    this polls the owned partitions and lets each partition's desk carry its requests out. Owns its task."""
-
-    def __init__(self, host: PartitionHost) -> None:
-        self.host = host
+        self.store = store
+        self.keep = keep
+        self.every = every
+        self.pruned = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="operator-desks")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="ingress-pruner")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -278,18 +115,13 @@ class Desks:
 
     async def _run(self) -> None:
         while True:
-            for part in list(self.host.parts.values()):
-                if part.harness.closed.done() or part.gone.done():
-                    continue  # being closed: its requests stay pending for its next owner
-                try:
-                    for request in await part.storage.pending_operator_requests():
-                        await part.desk.handle(request)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # a storage hiccup in one partition must not end the others
-                    if part.number in self.host.parts:
-                        log.warning("operator requests of partition %d: %s", part.number, exc)
-            await asyncio.sleep(DESK_POLL)
+            try:
+                self.pruned += await self.store.prune_ingress(finished_for=self.keep)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database is away for a moment: next time
+                log.warning("pruning finished ingress records: %s", exc)
+            await asyncio.sleep(self.every)
 
 
 class OwnershipReport:
@@ -329,70 +161,24 @@ def worker_readiness(
 
     async def check() -> dict[str, str]:
         problems: dict[str, str] = {}
-        if phase[0]:
-            problems["bot"] = phase[0]
-        elif not host.parts:
+        if not host.parts and phase[0] != "stopping":
             problems["bot"] = f"standby: owns none of the {host.router.partitions} partitions"
+        elif phase[0]:
+            problems["bot"] = phase[0]
         for part in list(host.parts.values()):
             reason = "closed" if part.harness.closed.done() else part.storage.not_ready()
             if reason:
                 problems["storage"] = f"partition {part.number}: {reason}"
                 break
         for adapter in adapters:
+            if getattr(adapter, "shard_ids", None) == []:
+                continue  # runs no Discord shard here: the other workers hold the gateway sessions
             health = health_of(adapter)
             if health is not None and not health.connected:
                 problems[adapter.name] = f"not connected to {health.platform}"
         return problems
 
     return check
-
-
-class ShardHost:
-    """Discord shards spread over the workers like partitions (lease ids `-1 - shard`): the adapter starts
-    with no shard and runs the ones this worker holds leases for (`set_shards`). Only a worker that owns a
-    partition runs shards: a standby connects to no platform."""
-
-    def __init__(
-        self, adapter: Any, store: PostgresStore, ids: Sequence[int], count: int, say: Callable[[str], None]
-    ) -> None:
-        self.adapter = adapter
-        self.store = store
-        self.say = say
-        self.ids = list(ids)
-        self.count = count
-        self.running: dict[int, Any] = {}  # shard -> its lease
-
-    def family(self) -> Resources:
-        return Resources(
-            ids=tuple(-1 - shard for shard in self.ids),
-            take=self.store.take_resource,
-            is_claim=lambda claim: not isinstance(claim, LeaseHolder),
-            lost_of=lambda lease: lease.lost,
-            needs_partition=True,
-            bounded=True,  # two shards over two workers: one each
-        )
-
-    async def gain(self, resource: int, lease: Any) -> None:
-        self.running[-1 - resource] = lease
-        try:
-            await self._apply()
-        except BaseException:
-            self.running.pop(-1 - resource, None)
-            await lease.release()
-            raise
-
-    async def lose(self, resource: int, lease: Any) -> None:
-        self.running.pop(-1 - resource, None)
-        try:
-            await self._apply()
-        finally:
-            await lease.release()
-
-    async def _apply(self) -> None:
-        shards = sorted(self.running)
-        await self.adapter.set_shards(shards, self.count)
-        listed = ", ".join(str(shard) for shard in shards) if shards else "none"
-        self.say(f"{self.adapter.name}: this worker runs shard(s) {listed} of {self.count}")
 
 
 def refuse_devchat(config: BotConfig, names: Sequence[str]) -> None:
@@ -437,11 +223,15 @@ async def run_workers(
         received.append(signal.Signals(signum).name)
         stop.set()
 
+    reloads: list[Reloads] = []  # set once the partitions' host exists
+    early: list[bool] = []
+
     def on_reload() -> None:
-        say(
-            "durable-bots: reload (SIGHUP) is not supported by a worker of several partitions yet; restart the "
-            "workers one by one to apply a changed config (nothing is lost)"
-        )
+        if reloads:
+            reloads[0].request()
+        else:
+            early.append(True)
+            say("durable-bots: reload requested before the worker runs; applying it once it does")
 
     installed: list[int] = []
     for signum in (int(signal.SIGTERM), int(signal.SIGINT)):
@@ -465,6 +255,9 @@ async def run_workers(
             raise BotError(str(exc), EXIT_STORAGE) from None
         router = Router(store, partitions)
         host = PartitionHost(config, env, router=router, models=models, metrics=metrics, agent=agent, say=say)
+        reloads.append(Reloads(host, say))
+        if early:
+            reloads[0].request()
         started: list[Adapter] = []
         phase = ["starting"]
         metrics.bind_parts(host.running, router.governors, started)
@@ -484,6 +277,8 @@ async def run_workers(
         )
         return await _serve(config, adapters, store, router, host, started, phase, say, stop, received, ttl)
     finally:
+        for reload in reloads:
+            await reload.stop()
         if admin is not None:
             await admin.stop()
         if store is not None:
@@ -525,6 +320,7 @@ async def _serve(
         on_owned_changed=report.changed,
     )
     desks = Desks(host)
+    pruner = IngressPruner(store)
     shard_balancers: list[Balancer] = []
     code = EXIT_OK
     try:
@@ -541,6 +337,7 @@ async def _serve(
             say("durable-bots: stopped while on standby")
             return EXIT_OK
         desks.start()
+        pruner.start()
         report.connected = True
         for adapter, options in adapters:
             try:
@@ -585,6 +382,7 @@ async def _serve(
     finally:
         phase[0] = "stopping"
         await desks.stop()
+        await pruner.stop()
         for shard_balancer in shard_balancers:  # shards first: they need a partition owner behind them
             try:
                 await shard_balancer.stop()
@@ -621,18 +419,3 @@ def _both(first: Callable[[int], None], second: Callable[[int], None]) -> Callab
 def wake_all(balancers: Sequence[Balancer]) -> None:
     for balancer in balancers:
         balancer.wake()
-
-
-def shard_plan(config: BotConfig, adapter: Any) -> list[int]:
-    """The shards to spread: the ones `[adapters.discord] shard_ids` names, else every shard of the count."""
-    planned = config.adapter_options(adapter.name).get("shard_ids")
-    if isinstance(planned, list) and planned:
-        return [int(shard) for shard in planned]
-    return list(range(int(getattr(adapter, "shard_count", None) or 1)))
-
-
-def worker_adapter_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """A worker starts the Discord adapter with no shard: it runs the ones it holds leases for."""
-    if name == "discord":
-        return {**options, "shard_ids": []}
-    return options

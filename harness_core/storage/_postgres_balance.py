@@ -181,6 +181,7 @@ class Balancer:
         self._task = asyncio.create_task(self._loop(), name="partition-balancer")
 
     async def _loop(self) -> None:
+        failing = False
         while not self._stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.tick)
@@ -191,8 +192,14 @@ class Balancer:
                 await self.step()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the database is unreachable for a moment: leases tell the truth
-                log.warning("balancing partitions failed (%s); retrying", exc)
+            except Exception as exc:  # the database is unreachable for a while: leases tell the truth
+                # Once per outage, not once per tick.
+                (log.debug if failing else log.warning)("balancing partitions failed (%s); retrying", exc)
+                failing = True
+                continue
+            if failing:
+                log.warning("balancing partitions works again")
+                failing = False
 
     async def step(self) -> None:
         """One tick: drop lost claims, heartbeat, then take, hand over and rescue as the module says."""

@@ -369,6 +369,7 @@ def test_check_config_names_a_postgresql_store_without_its_password(
     assert main(["check-config", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "  storage: PostgreSQL postgresql://bot@db.internal:6432/ops (from DATABASE_URL) (lease ttl" in out
+    assert "(lease ttl 10 s, 64 partitions shared by the workers)" in out
     assert "hunter2" not in out
 
     monkeypatch.setenv("DATABASE_URL", "mysql://bot:hunter2@db.internal/ops")

@@ -1,5 +1,6 @@
 """The worker runtime's partition stacks in one process over a real PostgreSQL store: a partition whose lease
-is lost closes alone and writes nothing more; the others carry on; a graceful stop releases the rest."""
+is lost closes alone and writes nothing more; the others carry on; a reload reaches every partition; a graceful
+stop releases the rest."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import asyncio
 from pathlib import Path
 
 import asyncpg
-from bots_cli_support import shipped_config_in, toml_value
+from bots_cli_support import bot_env, cli, shipped_config_in, toml_value
 
 from adapters.bridge import Router
 from bots.config import load_config
 from bots.metrics import BotMetrics
+from bots.partition_stack import PartitionHost, cache_share
+from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
-from bots.workers import PartitionHost, cache_share, owned_line, rescue_grace
+from bots.workers import IngressPruner, owned_line, rescue_grace
 from harness_core import HarnessSettings
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
@@ -88,6 +91,14 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         # The others still commit.
         for number in (0, 1, 3):
             assert await host.parts[number].bridge.watching_since("test", f"w{number}") > 0
+        # SIGHUP: a reloaded [answer] reaches every partition's bridge (and those opened later).
+        source = Path(config.source)
+        edited = source.read_text().replace('mode = "all"', 'mode = "mentions"', 1)  # noqa: ASYNC240 (tiny file)
+        source.write_text(edited)  # noqa: ASYNC240
+        assert await reload_config(host, said.append) is not None
+        assert {part.bridge.config.default.answer for part in host.parts.values()} == {"mentions"}
+        assert host.bridge_settings.default.answer == "mentions"
+        assert any(line.startswith(f"durable-bots: reloaded {source}") for line in said), said
         await balancer.stop()
         assert host.parts == {} and router.owned() == frozenset()
         holders = dict(await conn.fetch("SELECT partition, holder FROM leases WHERE partition >= 0"))
@@ -103,8 +114,59 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
 def test_each_partition_harness_gets_a_share_of_the_cache_and_the_console_speaks_plainly() -> None:
     settings = HarnessSettings()
     share = cache_share(settings, 64)
-    assert share.context_cache_bytes * 64 <= settings.context_cache_bytes * 4  # not 64 full budgets
+    assert share.context_cache_bytes * 64 <= settings.context_cache_bytes  # all 64 together: one budget
     assert share.context_cache_conversations >= 8
     assert cache_share(settings, 1).context_cache_bytes == settings.context_cache_bytes
     assert owned_line(21, 64) == "durable-bots: worker owns 21 of 64 partitions"
     assert "connects to no platform" in owned_line(0, 64)
+
+
+async def test_finished_ingress_records_are_pruned_after_they_are_kept(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    pruner = IngressPruner(store, keep=0.0, every=0.05)
+    try:
+        assert await store.put_ingress(1, "message", "slack:T1:C1:1.0", {"text": "hi"})
+        assert await store.put_ingress(1, "message", "slack:T1:C1:2.0", {"text": "later"})
+        first, second = await store.pending_ingress([1])
+        await store.finish_ingress(first.id)
+        pruner.start()
+        for _ in range(100):
+            if pruner.pruned:
+                break
+            await asyncio.sleep(0.05)
+        assert pruner.pruned == 1
+        assert [r.key for r in await store.pending_ingress([1])] == [second.key]  # unfinished ones stay
+        assert await store.put_ingress(
+            1, "message", "slack:T1:C1:1.0", {"text": "hi"}
+        )  # its key is free again
+    finally:
+        await pruner.stop()
+        await store.close()
+
+
+async def test_devchat_is_refused_over_a_partitioned_store(tmp_path: Path, pg_url: str) -> None:
+    config = shipped_config_in(tmp_path, replace={'path = "var/ops.sqlite"': f"url = {toml_value(pg_url)}"})
+    result = await cli(config, "run", "--adapter", "devchat", env=bot_env(tmp_path))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith(
+        "durable-bots: devchat cannot run over a store split into 64 partitions: it serves one page from one "
+        "process."
+    ), result.stderr
+    assert "[storage] partitions = 1" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_worker_with_another_partition_count_than_the_store_exits_with_one_line(
+    tmp_path: Path, pg_url: str
+) -> None:
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    await store.close()
+    config = shipped_config_in(
+        tmp_path,
+        replace={'path = "var/ops.sqlite"': f"url = {toml_value(pg_url)}\npartitions = 8"},
+        append='\n[adapters.slack]\nmode = "socket"\n',
+    )
+    env = bot_env(tmp_path, SLACK_BOT_TOKEN="xoxb-test", SLACK_APP_TOKEN="xapp-test")
+    result = await cli(config, "run", "--adapter", "slack", env=env)
+    assert result.returncode == 3, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"has {PARTITIONS} partitions" in line and "8" in line and "[storage] partitions" in line, line

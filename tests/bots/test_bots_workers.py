@@ -17,10 +17,13 @@ import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+import asyncpg
 import pytest
-from bots_cli_support import bot_env, shipped_config_in, toml_value
+from bots_cli_support import bot_env, free_port, shipped_config_in, toml_value
 from workers_support import TOKEN, DatabaseLink, EchoModel, SlackTaps, Worker, token
 
 from adapters.slack.testing import Channel, FakeSlack
@@ -28,7 +31,7 @@ from adapters.slack.testing import Channel, FakeSlack
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 TTL = 3.0
-PARTITIONS = 16
+PARTITIONS = 64  # the default
 CHANNELS = 30
 PEOPLE = 20
 MESSAGES = 600
@@ -40,14 +43,16 @@ edit_interval = 0.05
 """
 
 
-def workers_config(workdir: Path, url: str) -> Path:
+def workers_config(
+    workdir: Path, url: str, *, partitions: int = PARTITIONS, admin: int | None = None
+) -> Path:
     return shipped_config_in(
         workdir,
         replace={
-            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}\npartitions = {PARTITIONS}",
+            'path = "var/ops.sqlite"': f"url = {toml_value(url)}\nlease_ttl = {TTL}\npartitions = {partitions}",
             'model = "faux:demo"': 'model = "openai:gpt-4o"',
         },
-        append=SLACK,
+        append=SLACK + (f'\n[admin]\nlisten = "127.0.0.1:{admin}"\n' if admin else ""),
     )
 
 
@@ -64,17 +69,26 @@ class Fleet:
         self.workers: list[Worker] = []
         self.links: list[DatabaseLink] = []
 
-    async def start(self, name: str, *, link: DatabaseLink | None = None) -> Worker:
+    async def start(
+        self,
+        name: str,
+        *,
+        link: DatabaseLink | None = None,
+        partitions: int = PARTITIONS,
+        admin: int | None = None,
+    ) -> Worker:
         env = {**self.env, "SLACK_API_URL": await self.taps.tap(name)}
         config = self.config
-        if link is not None:
-            port = await link.start()
-            parts = urlsplit(self.url)
-            proxied = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+        if link is not None or partitions != PARTITIONS or admin is not None:
+            url = self.url
+            if link is not None:
+                port = await link.start()
+                parts = urlsplit(self.url)
+                url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+                self.links.append(link)
             own = self.workdir / name
             own.mkdir()
-            config = workers_config(own, proxied)
-            self.links.append(link)
+            config = workers_config(own, url, partitions=partitions, admin=admin)
         worker = await Worker.start(name, config, env, self.workdir)
         self.workers.append(worker)
         return worker
@@ -172,7 +186,8 @@ async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_o
         assert await second.finish(30) == -signal.SIGKILL
         await asyncio.sleep(SPAN * 0.15)
         fourth = await fleet.start("w4")
-        await fourth.ready()
+        await fourth.ready()  # ready once it owns a partition: the others handed some over
+        assert (fourth.owned() or 0) > 0, fourth.output()
         events.append(f"w4 ready at {time.time():.3f}")
         for old in (first, third, fourth):  # the rolling deploy
             old.process.send_signal(signal.SIGTERM)
@@ -259,3 +274,72 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     )
     for n, channel in enumerate(channels):
         assert answered_tokens(fake, channel) == [token(n, 0), token(n, 1)], channel.name
+
+
+async def scrape(port: int) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        return await response.text()
+
+
+async def readyz(port: int) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/readyz") as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_platform(
+    fake: FakeSlack, fleet: Fleet, pg_url: str
+) -> None:
+    """Both partitions are held elsewhere (another worker, as far as this one can tell): the worker opens no
+    Socket Mode connection and is not ready; once they are released it takes them, connects and answers, and
+    its /metrics count what its partitions did."""
+    general = fake.add_channel("general")
+    alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+    conn = await asyncpg.connect(pg_url)
+    try:
+        for partition in (0, 1):
+            await conn.execute(
+                "INSERT INTO leases (partition, holder, pid, host, epoch, acquired_at, expires_at) "
+                "VALUES ($1, 'elsewhere', 1, 'other-host', 1, now(), now() + interval '1 minute') "
+                "ON CONFLICT (partition) DO UPDATE SET holder = 'elsewhere', epoch = leases.epoch + 1, "
+                "expires_at = now() + interval '1 minute'",
+                partition,
+            )
+        port = free_port()
+        standby = await fleet.start("standby", partitions=2, admin=port)
+        await standby.wait_for(
+            lambda line: line.startswith("durable-bots: standby: this worker owns none"), 60
+        )
+        await asyncio.sleep(2 * TTL)
+        assert fake.open_connections == [] and not any(
+            line.startswith("durable-bots: ready") for line in standby.lines
+        )
+        status, body = await readyz(port)
+        assert status == 503 and body["not_ready"]["bot"] == "standby: owns none of the 2 partitions", body
+
+        await conn.execute("UPDATE leases SET holder = NULL, expires_at = now() - interval '1 second'")
+        await standby.ready(30)
+        await standby.wait_for(lambda line: line == "durable-bots: worker owns 2 of 2 partitions", 30)
+        assert len(fake.open_connections) == 1 and (await readyz(port))[0] == 200
+        await fake.user_posts(general, alice, f"{token(0, 0)} anyone there?")
+        await fake.wait_for(
+            lambda: answered_tokens(fake, general) == [token(0, 0)], 30, description="the answer"
+        )
+        # /metrics sums the partitions a worker runs (the channel's partition is one of the two).
+        text = ""
+        for _ in range(50):
+            text = await scrape(port)
+            if 'durable_bots_answers_delivered_total{platform="slack"} 1.0' in text:
+                break
+            await asyncio.sleep(0.1)
+        assert 'durable_bots_messages_taken_in_total{platform="slack"} 1.0' in text, text
+        assert 'durable_bots_answers_delivered_total{platform="slack"} 1.0' in text, text
+        standby.process.send_signal(signal.SIGTERM)
+        assert await standby.finish(60) == 0, standby.output() + standby.stderr()
+    finally:
+        await conn.close()
