@@ -1,23 +1,16 @@
-"""Which partition of a shared store a place belongs to (DESIGN.md §9, the workers contract).
+"""Which partition of a shared store a place or a gate belongs to (DESIGN.md §9, the workers contract).
 
 A place is a channel with its threads: a thread forks its channel's conversation in the same commit, so every
-place of one channel must land in the channel's partition. The hash is the store's `partition_of_key` rule
-(blake2b, 8 bytes of the key's UTF-8, big-endian, modulo the partition count): stable across processes,
-machines and Python versions, unlike `hash()`.
+place of one channel must land in the channel's partition. The hashing itself is the store's rule,
+`harness_core.partition_of_key`; ids carry their partition (`harness_core.partition_of_id`).
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from adapters.bridge.model import Place
+from harness_core import partition_of_id, partition_of_key
 
-
-def partition_of_key(key: str, partitions: int) -> int:
-    if partitions < 1:
-        raise ValueError(f"partitions must be at least 1, got {partitions}")
-    digest = hashlib.blake2b(key.encode("utf-8", errors="surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partitions
+__all__ = ["partition_of_gate", "partition_of_key", "partition_of_place"]
 
 
 def partition_of_place(place: Place, partitions: int) -> int:
@@ -27,4 +20,4 @@ def partition_of_place(place: Place, partitions: int) -> int:
 
 def partition_of_gate(gate_id: int, partitions: int) -> int:
     """Ids carry their partition: partition p mints only ids with `id % partitions == p`."""
-    return gate_id % partitions
+    return partition_of_id(gate_id, partitions)

@@ -119,16 +119,44 @@ _CONTENTS_FROM = (
 )
 
 
+# Shown instead of a URL whose password (or query) holds raw '#', '/', '?' or '@': any split of it may cut
+# the password in two, so no part of it is shown.
+MALFORMED_URL = "postgresql://(url hidden: percent-encode the special characters in its password)"
+
+
 def redact_url(dsn: str) -> str:
     """The DSN without its password (and without query parameters, which may carry one)."""
     try:
         parts = urlsplit(dsn)
     except ValueError:
         return "postgresql://(unparseable url)"
+    if parts.scheme not in ("postgresql", "postgres"):
+        return "(not a postgresql:// url)"
+    if url_is_ambiguous(dsn):
+        return MALFORMED_URL
     # The hosts as written (libpq's multi-host `db1:5432,db2:5432` has no single host or port to parse).
     hosts = parts.netloc.rpartition("@")[2]
     netloc = f"{parts.username}@{hosts}" if parts.username else hosts
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def url_is_ambiguous(dsn: str) -> bool:
+    """Does the URL hold a raw '#' or an '@' outside its user info? Then a password with unencoded special
+    characters may have been split (by us and by asyncpg) into host, path, query or fragment."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:  # e.g. a raw '[' read as an unclosed IPv6 address
+        return True
+    return bool(parts.fragment) or "#" in dsn or dsn.count("@") != parts.netloc.count("@")
+
+
+def url_secrets(dsn: str) -> list[str]:
+    """The password and any query parameter value of a DSN (a parseable one): what an error text must never
+    repeat."""
+    parts = urlsplit(dsn)
+    found = [parts.password or ""]
+    found += [value for _, _, value in (field.partition("=") for field in parts.query.split("&"))]
+    return [secret for secret in found if secret]
 
 
 def _json(record: BaseModel) -> bytes:
@@ -168,6 +196,11 @@ class PostgresStorage(SqlRecordReads):
         # commits pass it and set exact at close. A successor starts above it: nothing stored is minted twice.
         self._reserved = (meta.next_id, meta.last_seq)
         self._closed = False
+        # Held by a commit from its first check to its cached meta update, and by close() while it writes the
+        # exact meta: a close racing a commit must not store a next id below the ids that commit used.
+        self._writing = asyncio.Lock()
+        # After a commit whose outcome is unknown the exact meta is unknown too: close keeps the reservation.
+        self._outcome_unknown = False
 
     @classmethod
     async def open(
@@ -275,6 +308,10 @@ class PostgresStorage(SqlRecordReads):
         return [] if self._partition is None else [("partition = ?", self._partition)]
 
     async def commit(self, batches: Sequence[CommitBatch]) -> None:
+        async with self._writing:
+            await self._commit(batches)
+
+    async def _commit(self, batches: Sequence[CommitBatch]) -> None:
         self._check()
         if self._lease is None or self._partition is None:
             raise StorageError(f"storage {self._description} is open read-only; it cannot commit")
@@ -299,6 +336,8 @@ class PostgresStorage(SqlRecordReads):
                     conn.terminate()
                     raise
         except asyncio.CancelledError:
+            # The COMMIT may still land after this read (it was on its way): close keeps the reservation.
+            self._outcome_unknown = True
             with contextlib.suppress(Exception):
                 await self._resync_meta()
             raise
@@ -307,6 +346,7 @@ class PostgresStorage(SqlRecordReads):
         except (asyncpg.IntegrityConstraintViolationError, asyncpg.DataError) as exc:
             raise StorageError(f"storage {self._description}: commit failed: {exc}") from exc
         except _DRIVER_ERRORS as exc:
+            self._outcome_unknown = True  # it may have landed: the cached next id may be below its ids
             raise StorageError(
                 f"storage {self._description}: commit failed (outcome unknown): {exc}"
             ) from exc
@@ -520,27 +560,39 @@ class PostgresStorage(SqlRecordReads):
         )
         return changed(found)
 
+    async def _write_exact_meta(self, lease: Lease) -> None:
+        """Store the exact next id and seq instead of the reservation, after any commit in flight. Harmless to
+        skip (the reservation stays): on a slow or failed database this gives up after a few seconds."""
+        try:
+            await asyncio.wait_for(self._writing.acquire(), 5)
+        except TimeoutError:
+            return
+        try:
+            if not lease.valid() or self._outcome_unknown:
+                return
+            with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
+                async with self._pool.acquire(timeout=5) as conn, conn.transaction():
+                    epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
+                    if epoch == lease.epoch:
+                        await conn.execute(
+                            "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
+                            lease.partition,
+                            self._next_id,
+                            self._last_seq,
+                        )
+        finally:
+            self._writing.release()
+
     async def close(self) -> None:
         """Write the exact meta (fenced), release the partition's lease at once (NOTIFY). The store's
         connections stay open, unless this handle came from `PostgresStorage.open` (then it closes them)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # no new commit starts; one in flight finishes first
         try:
             lease = self._lease
-            if lease is not None and lease.valid():
-                with contextlib.suppress(*_DRIVER_ERRORS, LeaseLost):
-                    # Exact values instead of the reservation; harmless if it fails (the reservation stays).
-                    async with self._pool.acquire(timeout=5) as conn, conn.transaction():
-                        epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
-                        if epoch == lease.epoch:
-                            await conn.execute(
-                                "UPDATE meta SET next_id = $2, last_seq = $3 WHERE partition = $1",
-                                lease.partition,
-                                self._next_id,
-                                self._last_seq,
-                            )
             if lease is not None:
+                await self._write_exact_meta(lease)
                 await lease.release()
         finally:
             self._store.forget(self)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness_core._json import clean_json
-from harness_core.errors import StrictJsonError
+from harness_core.errors import StorageRequestError, StrictJsonError
 
 INGRESS_CHANNEL = "durable_bots_ingress"  # payload: the partition
 WORKERS_CHANNEL = "durable_bots_workers"  # payload: the holder that joined, left or started draining
@@ -77,13 +77,36 @@ class WorkerInfo:
     draining: bool
 
 
+# A key or kind is an id (a platform message id is well under 100 bytes). The cap keeps the unique index's
+# row small: PostgreSQL refuses an index row over a few kB with an error that names no key.
+MAX_KEY_BYTES = 512
+
+
+def check_ingress_text(name: str, value: object) -> None:
+    """Refuse a kind or key that is not short, non-empty, printable text (`StorageRequestError`, quoting at
+    most the start of it)."""
+    if type(value) is not str or not value or not value.isprintable():  # NUL and lone surrogates included
+        raise StorageRequestError(f"ingress {name} must be non-empty printable text, not {_preview(value)}")
+    size = len(value.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise StorageRequestError(
+            f"ingress {name} is {len(value)} characters ({size} bytes of UTF-8), more than the "
+            f"{MAX_KEY_BYTES} bytes allowed: {_preview(value)}"
+        )
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
+
+
 def ingress_payload_text(key: str, payload: dict[str, Any]) -> str:
     """The payload as stored, or `StrictJsonError` naming the key and the offending path."""
     if type(payload) is not dict:
         raise StrictJsonError(
-            f"ingress payload for key {key!r} must be a JSON object, not {type(payload).__name__}"
+            f"ingress payload for key {_preview(key)} must be a JSON object, not {type(payload).__name__}"
         )
-    clean = clean_json(payload, f"ingress payload for key {key!r}")
+    clean = clean_json(payload, f"ingress payload for key {_preview(key)}")
     return json.dumps(clean, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 

@@ -25,8 +25,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -79,6 +80,11 @@ async def who_holds(conn: asyncpg.Connection, partition: int) -> LeaseHolder | N
     row = await conn.fetchrow(_WHO, partition)
     if row is None or row[0] is None or row[4] <= 0:
         return None
+    return _holder(row)
+
+
+def _holder(row: Sequence[Any]) -> LeaseHolder:
+    """From (holder, pid, host, epoch, expires_in)."""
     return LeaseHolder(holder=row[0], pid=row[1], host=row[2], epoch=int(row[3]), expires_in=float(row[4]))
 
 
@@ -94,6 +100,13 @@ async def try_take(
     if current is None:  # released or expired between the two statements: try again at once
         return await try_take(conn, partition, holder, ttl)
     return current
+
+
+async def give_back(conn: asyncpg.Connection, partition: int, holder: str, epoch: int) -> None:
+    """Free a lease row if it is still this holder's at this epoch, and wake the standbys (NOTIFY)."""
+    status = await conn.execute(_RELEASE, partition, holder, epoch, timeout=2)
+    if status.split()[-1] != "0":
+        await conn.execute("SELECT pg_notify($1, $2)", RELEASED_CHANNEL, str(partition), timeout=2)
 
 
 class Lease:
@@ -169,11 +182,7 @@ class Lease:
         with contextlib.suppress(LeaseLost):
             self.check()
 
-    async def lost_to_successor(self) -> None:
-        successor = None
-        with contextlib.suppress(Exception):
-            async with self._pool.acquire(timeout=2) as conn:
-                successor = await who_holds(conn, self.partition)
+    def taken_over(self, successor: LeaseHolder | None) -> None:
         by = f" by {successor.describe()}" if successor is not None else ""
         self.mark_lost(f"storage {self._description}: the lease was taken over{by}; this process stops")
 
@@ -184,32 +193,55 @@ class Lease:
         self._released = True
         if self._renewer is not None:
             self._renewer.discard(self)
-        if self._lost.done():
-            return
+        # Even a lease lost by our own clock: the row may still name us for a while (the server's expiry is
+        # later), blocking the partition for everyone. The epoch in the statement keeps a successor's lease.
         try:
             async with self._pool.acquire(timeout=2) as conn:
-                await conn.execute(_RELEASE, self.partition, self.holder, self.epoch, timeout=2)
-                await conn.execute(
-                    "SELECT pg_notify($1, $2)", RELEASED_CHANNEL, str(self.partition), timeout=2
-                )
+                await give_back(conn, self.partition, self.holder, self.epoch)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # The lease then simply expires after its ttl.
             log.warning("storage %s: could not release the lease (%s)", self._description, exc)
 
 
-# Every lease a store holds, renewed by one statement (`leases` spelled first: operators grep for it).
+# Every lease a store holds, renewed by one statement. A commit holds its lease row FOR SHARE (the fence)
+# until it ends, so the update skips rows locked now instead of waiting: one slow commit must not hold back
+# the renewal of every other partition. For each lease the answer says whether it was renewed, and, from the
+# statement's snapshot, whether the row is still ours (a skipped row of ours is busy, not lost: nobody can
+# take it while our commit holds it) or who holds it now.
 _RENEW_ALL = """
-UPDATE leases SET expires_at = now() + make_interval(secs => $3)
-FROM unnest($1::int[], $2::bigint[]) AS h(partition, epoch)
-WHERE leases.partition = h.partition AND leases.epoch = h.epoch AND leases.holder = $4
-RETURNING leases.partition
+WITH held AS (SELECT * FROM unnest($1::int[], $2::bigint[]) AS h(partition, epoch)),
+free AS (
+    SELECT l.partition FROM leases l JOIN held h ON l.partition = h.partition AND l.epoch = h.epoch
+    WHERE l.holder = $4 FOR NO KEY UPDATE OF l SKIP LOCKED
+),
+renewed AS (
+    UPDATE leases SET expires_at = now() + make_interval(secs => $3)
+    WHERE partition IN (SELECT partition FROM free) RETURNING partition
+)
+SELECT h.partition, h.partition IN (SELECT partition FROM renewed), l.holder = $4 AND l.epoch = h.epoch,
+    l.holder, l.pid, l.host, l.epoch, GREATEST(0, EXTRACT(EPOCH FROM l.expires_at - now()))::float8
+FROM held h LEFT JOIN leases l ON l.partition = h.partition
 """
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """One lease's outcome of a renewal round."""
+
+    renewed: bool
+    ours: bool  # the row still names us at our epoch (when not renewed: a commit of ours holds it)
+    holder: LeaseHolder | None  # who holds it otherwise (None: nobody, or released)
+
+
+def _renewal(row: Sequence[Any]) -> Renewal:
+    holder = _holder(row[3:]) if row[3] is not None and not row[2] else None
+    return Renewal(renewed=bool(row[1]), ours=bool(row[2]), holder=holder)
 
 
 class LeaseRenewer:
     """Renews every lease of one store (one holder) with one statement on one connection of its own, every
     `ttl / 3`: 64 partitions cost one connection and one round trip, and busy readers can never starve a
-    renewal. A lease missing from the answer was taken over: it is marked lost."""
+    renewal. A lease whose row names someone else now was taken over: it is marked lost."""
 
     def __init__(
         self, connect: Callable[[], Awaitable[asyncpg.Connection]], description: str, holder: str, ttl: float
@@ -221,11 +253,11 @@ class LeaseRenewer:
         self._leases: dict[int, Lease] = {}
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._closed = False
 
     def add(self, lease: Lease) -> None:
         self._leases[lease.partition] = lease
-        if self._task is None:
+        if self._task is None and not self._closed:  # never a task nobody would cancel
             self._task = asyncio.create_task(self._loop(), name="postgres-lease-renewal")
 
     def discard(self, lease: Lease) -> None:
@@ -240,35 +272,46 @@ class LeaseRenewer:
         try:
             while True:
                 await asyncio.sleep(wait)
-                leases = [lease for lease in self._leases.values() if not lease.lost.done()]
-                if not leases:
-                    wait = self.ttl / 3
-                    continue
-                sent = time.monotonic()
-                for lease in leases:  # past its validity: nothing to renew any more
-                    if sent >= lease._valid_until:
-                        lease.check_silently()
-                leases = [lease for lease in leases if not lease.lost.done()]
-                if not leases:
-                    continue
-                budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
+                wait = self.ttl / 3
                 try:
-                    renewed = await self._renew(leases, min(budget, self.ttl / 3))
+                    if await self._renew_once():
+                        wait = min(self.ttl / 10, 0.5)  # try the busy rows again soon
                 except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     log.warning("storage %s: lease renewal failed (%s); retrying", self._description, exc)
                     await self._drop_connection()
                     wait = min(self.ttl / 3, 0.5)  # retry soon: the leases are still valid for a while
-                    continue
-                for lease in leases:
-                    if lease.partition in renewed:
-                        lease.renewed(sent)
-                    elif self._leases.get(lease.partition) is lease and not lease.released:
-                        await lease.lost_to_successor()
-                wait = self.ttl / 3
+                except Exception:  # never end the renewal: every held lease would silently run out
+                    log.exception(
+                        "storage %s: lease renewal failed unexpectedly; retrying", self._description
+                    )
+                    await self._drop_connection()
+                    wait = min(self.ttl / 3, 0.5)
         finally:
             await self._drop_connection()
 
-    async def _renew(self, leases: list[Lease], timeout: float) -> set[int]:
+    async def _renew_once(self) -> bool:
+        """One round; True when a lease could not be renewed because a commit of ours held its row."""
+        sent = time.monotonic()
+        for lease in self._leases.values():  # past its validity: nothing to renew any more
+            if sent >= lease._valid_until:
+                lease.check_silently()
+        leases = [lease for lease in self._leases.values() if not lease.lost.done()]
+        if not leases:
+            return False
+        budget = max(min(lease._valid_until for lease in leases) - sent, 0.01)
+        outcomes = await self._renew(leases, min(budget, self.ttl / 3))
+        busy = False
+        for lease in leases:
+            outcome = outcomes.get(lease.partition, Renewal(renewed=False, ours=False, holder=None))
+            if outcome.renewed:
+                lease.renewed(sent)
+            elif outcome.ours:
+                busy = True
+            elif self._leases.get(lease.partition) is lease and not lease.released:
+                lease.taken_over(outcome.holder)
+        return busy
+
+    async def _renew(self, leases: list[Lease], timeout: float) -> dict[int, Renewal]:
         if self._conn is None or self._conn.is_closed():
             self._conn = await asyncio.wait_for(self._connect(), timeout)
         conn = self._conn
@@ -281,7 +324,7 @@ class LeaseRenewer:
             self.holder,
             timeout=timeout,
         )
-        return {int(row[0]) for row in rows}
+        return {int(row[0]): _renewal(row) for row in rows}
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -293,6 +336,7 @@ class LeaseRenewer:
 
     async def close(self) -> None:
         """Stop renewing (held leases then expire after their ttl unless released first)."""
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

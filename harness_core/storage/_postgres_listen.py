@@ -32,10 +32,22 @@ class Notifications:
         self._listening: set[str] = set()
         self._up = asyncio.Event()
         self._adding: set[asyncio.Future[None]] = set()
+        self._closed = False
 
     def subscribe(self, channel: str, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call `callback(payload)` for each notification on `channel`; returns the unsubscribe function."""
         self._callbacks.setdefault(channel, []).append(callback)
+        if not self._closed:  # after close: never a task nor a connection nobody would close
+            self._listen_on(channel)
+
+        def unsubscribe() -> None:
+            callbacks = self._callbacks.get(channel, [])
+            if callback in callbacks:
+                callbacks.remove(callback)
+
+        return unsubscribe
+
+    def _listen_on(self, channel: str) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._keep_listening(), name="postgres-listen")
         elif self._conn is not None and channel not in self._listening:
@@ -44,13 +56,6 @@ class Notifications:
             adding = asyncio.ensure_future(self._conn.add_listener(channel, self._dispatch))
             self._adding.add(adding)
             adding.add_done_callback(self._added)
-
-        def unsubscribe() -> None:
-            callbacks = self._callbacks.get(channel, [])
-            if callback in callbacks:
-                callbacks.remove(callback)
-
-        return unsubscribe
 
     def _added(self, adding: asyncio.Future[None]) -> None:
         self._adding.discard(adding)
@@ -72,6 +77,10 @@ class Notifications:
                 log.warning("storage %s: cannot LISTEN (%s); retrying", self._description, exc)
                 await asyncio.sleep(RECONNECT_EVERY)
                 continue
+            except Exception:  # never end listening: every wake-up would then wait for a poll
+                log.exception("storage %s: cannot LISTEN; retrying", self._description)
+                await asyncio.sleep(RECONNECT_EVERY)
+                continue
             closed = asyncio.Event()
             conn.add_termination_listener(_setter(closed))
             try:
@@ -89,6 +98,8 @@ class Notifications:
                 log.warning("storage %s: the LISTEN connection was lost; reconnecting", self._description)
             except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("storage %s: LISTEN failed (%s); reconnecting", self._description, exc)
+            except Exception:
+                log.exception("storage %s: LISTEN failed; reconnecting", self._description)
             finally:
                 self._conn = None
                 self._up.clear()
@@ -104,6 +115,7 @@ class Notifications:
                 await asyncio.wait_for(asyncio.wait(list(self._adding)), timeout)
 
     async def close(self) -> None:
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
