@@ -38,6 +38,7 @@ from harness_core.storage._postgres_ingress import (
     PENDING_INGRESS,
     PRUNE_INGRESS,
     PUT_INGRESS,
+    WAKE_INGRESS,
     WORKERS_CHANNEL,
     IngressRecord,
     WorkerInfo,
@@ -58,6 +59,7 @@ from harness_core.storage._postgres_lease import (
 )
 from harness_core.storage._postgres_listen import Notifications
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, store_partitions, stored_version
+from harness_core.storage._postgres_wake import Waker
 from harness_core.storage._protocol import StorageMeta
 
 log = logging.getLogger("harness_core.storage")
@@ -104,6 +106,7 @@ class PostgresStore:
         self._notifications = Notifications(lambda: connect("listen"), description)
         self._handles: dict[int, PostgresStorage] = {}
         self._closed = False
+        self.waker = Waker(self._wake_owners)  # the one background task that NOTIFYs after puts
 
     @classmethod
     async def open(
@@ -396,8 +399,9 @@ class PostgresStore:
 
     async def put_ingress(self, partition: int, kind: str, key: str, payload: dict[str, Any]) -> bool:
         """Commit an event for `partition`'s owner, durably; False when `key` is already there (put by any
-        worker: exactly once). NOTIFYs the partition's owner. A payload that is not strict JSON is refused
-        (`StrictJsonError`) before any I/O."""
+        worker: exactly once). Returns once the INSERT committed; the partition's owner is NOTIFYed after it,
+        one wake-up per partition per short window for all puts of this store (`Waker`). A payload that is
+        not strict JSON is refused (`StrictJsonError`) before any I/O."""
         self._check()
         if type(partition) is not int or not 0 <= partition < self.partitions:
             raise StorageRequestError(
@@ -409,7 +413,10 @@ class PostgresStore:
         row = await self._call(
             "put an ingress record", lambda conn: conn.fetchrow(PUT_INGRESS, key, partition, kind, text)
         )
-        return row is not None
+        if row is None:
+            return False
+        self.waker.mark(partition)
+        return True
 
     async def pending_ingress(self, partitions: Collection[int], limit: int = 100) -> list[IngressRecord]:
         """Unfinished ingress records of these partitions, in id order."""
@@ -424,8 +431,19 @@ class PostgresStore:
 
     async def finish_ingress(self, record_id: int) -> None:
         """Mark a record done, after the owner's intake of it committed (finishing twice is harmless)."""
+        await self.finish_ingresses([record_id])
+
+    async def finish_ingresses(self, record_ids: Collection[int]) -> None:
+        """Mark many records done in one statement (a consumer's batch, after their intakes committed)."""
         self._check()
-        await self._call("finish an ingress record", lambda conn: conn.execute(FINISH_INGRESS, record_id))
+        ids = sorted({int(record_id) for record_id in record_ids})
+        if ids:
+            await self._call("finish ingress records", lambda conn: conn.execute(FINISH_INGRESS, ids))
+
+    async def _wake_owners(self, partitions: list[int]) -> None:
+        # Not `_call`: the wake-ups of the last puts are still sent while `close` runs (before the pool closes).
+        async with self.pool.acquire() as conn:
+            await conn.execute(WAKE_INGRESS, partitions)
 
     async def prune_ingress(self, *, finished_for: float) -> int:
         """Delete records finished more than `finished_for` seconds ago (by the server's clock); returns how
@@ -472,6 +490,7 @@ class PostgresStore:
             return
         self._closed = True
         try:
+            await self.waker.close()  # the last puts' wake-ups, while the pool is still open
             await _quietly(handle.close() for handle in list(self._handles.values()))
             await _quietly(lease.release() for lease in self._renewer.held())
             await self._renewer.close()

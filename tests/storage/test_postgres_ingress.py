@@ -219,3 +219,59 @@ async def test_only_old_finished_records_are_pruned(pg_url: str) -> None:
         assert not await store.put_ingress(0, "message", "recent", {})
     finally:
         await store.close()
+
+
+async def test_wake_ups_are_coalesced_per_partition_yet_every_record_is_there(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=8)
+    other = await PostgresStore.open(pg_url, partitions=8)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        other.waker.window = 0.3  # every put below lands within a few windows
+        puts = [(2 if n % 3 else 5, f"slack:T1:C{n}:{n}") for n in range(30)]
+        results = await asyncio.gather(*(other.put_ingress(p, "message", k, {"n": 1}) for p, k in puts))
+        assert all(results)
+        seen: set[int] = set()
+        while seen != {2, 5}:
+            seen.add(await asyncio.wait_for(woken.get(), 5))
+        # One NOTIFY transaction per window, each waking every partition marked in it: far fewer than puts.
+        assert 1 <= other.waker.sent < len(puts) // 2
+        pending = await owner.pending_ingress([2, 5], limit=100)
+        assert sorted(r.key for r in pending) == sorted(k for _, k in puts)
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_a_put_made_just_before_close_still_wakes_the_owner(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=4)
+    other = await PostgresStore.open(pg_url, partitions=4)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        other.waker.window = 30.0  # only `close` can send it in time
+        assert await other.put_ingress(3, "message", "last", {})
+        await other.close()
+        assert await asyncio.wait_for(woken.get(), 5) == 3
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_many_records_are_finished_in_one_call(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        for n in range(6):
+            assert await store.put_ingress(n % 2, "message", f"m{n}", {"n": n})
+        records = await store.pending_ingress([0, 1])
+        done = [r.id for r in records if r.partition == 0]
+        await store.finish_ingresses(done)
+        await store.finish_ingresses(done + done)  # again, and repeated ids: harmless
+        await store.finish_ingresses([])
+        assert [r.key for r in await store.pending_ingress([0, 1])] == ["m1", "m3", "m5"]
+        finished = await store.pool.fetch("SELECT key FROM ingress WHERE finished_at IS NOT NULL ORDER BY id")
+        assert [row[0] for row in finished] == ["m0", "m2", "m4"]
+    finally:
+        await store.close()
