@@ -275,3 +275,20 @@ async def test_many_records_are_finished_in_one_call(pg_url: str) -> None:
         assert [row[0] for row in finished] == ["m0", "m2", "m4"]
     finally:
         await store.close()
+
+
+async def test_a_pooled_connection_is_released_without_a_reset_round_trip(pg_url: str) -> None:
+    """Pooled connections keep no session state, so releasing one sends nothing (asyncpg's default sends
+    `... RESET ALL` each time: a round trip per storage call)."""
+    store = await PostgresStore.open(pg_url, partitions=2, pool_size=1)
+    watcher = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        await store.pending_ingress([1])
+        await asyncio.sleep(0.1)
+        pid = await store.pool.fetchval("SELECT pg_backend_pid()")
+        await asyncio.sleep(0.1)
+        last = await watcher.pool.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
+        assert last == "SELECT pg_backend_pid()"  # the statement itself was the last one sent
+    finally:
+        await store.close()
+        await watcher.close()
