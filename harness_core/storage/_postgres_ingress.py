@@ -23,10 +23,6 @@ WORKERS_CHANNEL = "durable_bots_workers"  # payload: the holder that joined, lef
 
 NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-PUT_INGRESS = f"""
-INSERT INTO ingress (key, partition, kind, payload, created_at) VALUES ($1, $2, $3, $4, {NOW_MS})
-ON CONFLICT (key) DO NOTHING RETURNING id
-"""
 # Sent after the puts, in a transaction of its own (see `_postgres_wake`): one NOTIFY per partition.
 WAKE_INGRESS = f"SELECT pg_notify('{INGRESS_CHANNEL}', p::text) FROM unnest($1::int[]) AS p"
 PENDING_INGRESS = """

@@ -3,7 +3,8 @@
 A `PostgresStore` is what one worker process holds of a store: one connection pool (reads, commits and the
 short store-wide statements of every partition it owns), one connection renewing every lease it holds in one
 statement (`LeaseRenewer`), and one LISTEN connection (`Notifications`). So 64 owned partitions cost
-`pool_size + 2` connections, not one writer and one renewal connection each.
+`pool_size + 3` connections (the third: ingress puts, `PutLine`, opened by the first put), not one writer and
+one renewal connection each.
 
 - `open_partition(p)` takes p's lease and returns a `PostgresStorage` bound to p (its own fencing, commit order
   and ids), or the current holder. Closing the handle writes p's meta and releases the lease (NOTIFY); the
@@ -37,7 +38,6 @@ from harness_core.storage._postgres_ingress import (
     LIVE_WORKERS,
     PENDING_INGRESS,
     PRUNE_INGRESS,
-    PUT_INGRESS,
     WAKE_INGRESS,
     WORKERS_CHANNEL,
     IngressRecord,
@@ -58,6 +58,7 @@ from harness_core.storage._postgres_lease import (
     try_take,
 )
 from harness_core.storage._postgres_listen import Notifications
+from harness_core.storage._postgres_put import PutLine
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, store_partitions, stored_version
 from harness_core.storage._postgres_wake import Waker
 from harness_core.storage._protocol import StorageMeta
@@ -107,6 +108,7 @@ class PostgresStore:
         self._handles: dict[int, PostgresStorage] = {}
         self._closed = False
         self.waker = Waker(self._wake_owners)  # the one background task that NOTIFYs after puts
+        self.puts = PutLine(lambda: connect("ingress"), description)  # puts: own connection, grouped
 
     @classmethod
     async def open(
@@ -400,9 +402,10 @@ class PostgresStore:
 
     async def put_ingress(self, partition: int, kind: str, key: str, payload: dict[str, Any]) -> bool:
         """Commit an event for `partition`'s owner, durably; False when `key` is already there (put by any
-        worker: exactly once). Returns once the INSERT committed; the partition's owner is NOTIFYed after it,
-        one wake-up per partition per short window for all puts of this store (`Waker`). A payload that is
-        not strict JSON is refused (`StrictJsonError`) before any I/O."""
+        worker: exactly once). Returns once its INSERT committed, on the store's ingress connection together
+        with the puts made meanwhile (`PutLine`: never behind the pool's commits and reads); the partition's
+        owner is NOTIFYed after it, one wake-up per partition per short window for all puts of this store
+        (`Waker`). A payload that is not strict JSON is refused (`StrictJsonError`) before any I/O."""
         self._check()
         if type(partition) is not int or not 0 <= partition < self.partitions:
             raise StorageRequestError(
@@ -411,10 +414,11 @@ class PostgresStore:
         for name, value in (("kind", kind), ("key", key)):
             check_ingress_text(name, value)
         text = ingress_payload_text(key, payload)
-        row = await self._call(
-            "put an ingress record", lambda conn: conn.fetchrow(PUT_INGRESS, key, partition, kind, text)
-        )
-        if row is None:
+        try:
+            new = await self.puts.put(key, partition, kind, text)
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"storage {self.description}: put an ingress record failed: {exc}") from exc
+        if not new:
             return False
         self.waker.mark(partition)
         return True
@@ -491,6 +495,7 @@ class PostgresStore:
             return
         self._closed = True
         try:
+            await self.puts.close()
             await self.waker.close()  # the last puts' wake-ups, while the pool is still open
             await _quietly(handle.close() for handle in list(self._handles.values()))
             await _quietly(lease.release() for lease in self._renewer.held())
