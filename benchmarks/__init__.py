@@ -17,5 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "idle_memory": "benchmarks.idle_memory",
     "postgres": "benchmarks.postgres",
     "takeover": "benchmarks.takeover",
+    "pg_capacity": "benchmarks.pg_capacity",
+    "workers": "benchmarks.workers",
     "memory_growth": "benchmarks.memory_growth",
 }

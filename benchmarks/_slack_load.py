@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from adapters.slack.testing import FakeSlack
@@ -41,7 +41,9 @@ def mentions_bot(n: int, every: int, channels: int) -> bool:
     return every > 0 and (n // channels) % every == (n % channels) % every
 
 
-async def open_loop(count: int, rate: float, send: Callable[[int, float], Awaitable[None]]) -> float:
+async def open_loop(
+    count: int, rate: float, send: Callable[[int, float], Coroutine[Any, Any, None]]
+) -> float:
     """Start `send(n, arrival)` for message n at its arrival time (`start + n / rate`, on the loop's clock)
     whether or not earlier ones finished; return `start` once every send is done."""
     loop = asyncio.get_running_loop()

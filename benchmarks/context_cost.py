@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,17 +69,17 @@ async def run(options: Options) -> Report:
             handle = await harness.conversation(conversation_id)
             assert handle is not None
             handles[label] = handle
-        cold = {label: await timed(lambda h=h: prepare_request(h)) for label, h in handles.items()}
+        cold = {label: await timed(functools.partial(prepare_request, h)) for label, h in handles.items()}
         sizes = {label: len((await h.context()).entries) for label, h in handles.items()}
         prepare: dict[str, list[float]] = {"S": [], "L": []}
         for _ in range(repeats):
             for label, handle in handles.items():
-                prepare[label].append(await timed(lambda h=handle: prepare_request(h)))
+                prepare[label].append(await timed(functools.partial(prepare_request, handle)))
         turns: dict[str, list[float]] = {"S": [], "L": []}
         for n in range(turn_repeats):
             for label, handle in handles.items():
                 turns[label].append(
-                    await timed(lambda h=handle, n=n: _script.turn(h, f"ctx:{n}", f"What is k? ({n})"))
+                    await timed(functools.partial(_script.turn, handle, f"ctx:{n}", f"What is k? ({n})"))
                 )
         await harness.close()
     finally:

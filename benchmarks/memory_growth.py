@@ -144,7 +144,7 @@ async def run(options: Options) -> Report:
         )
     finally:
         cleanup(scratch)
-    samples: list[tuple[int, int]] = [tuple(s) for s in result["samples"]]  # type: ignore[misc]
+    samples: list[tuple[int, int]] = [tuple(s) for s in result["samples"]]
     half = messages // 2
     middle = min(samples, key=lambda s: abs(s[0] - half))
     first, last = samples[0], samples[-1]

@@ -53,6 +53,10 @@ class Ingress(Protocol):
 
     async def finish_ingress(self, record_id: int) -> None: ...
 
+    async def finish_ingresses(self, record_ids: Collection[int]) -> None:
+        """Finish many records in one statement (finishing one twice is harmless)."""
+        ...
+
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
         """Call `callback(partition)` when a record for `partition` was put; returns the unsubscribe."""
         ...

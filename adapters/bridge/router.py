@@ -16,20 +16,24 @@ paths' latencies). A click for a gate owned here is decided directly (the clicke
 other is committed as a `click` record for the gate's owner.
 
 For every owned partition the router runs one consumer task: it takes the partition's unfinished ingress
-records in id order (so a channel's messages keep their order), feeds each through that partition's bridge,
-and finishes the record only after the bridge committed. It is woken by `Ingress.on_ingress` and also polls
-every `poll_interval` seconds, so a lost notification only delays. A record that cannot be read (a poison
-record) is logged with its id and finished as refused; the consumer goes on with the next.
+records in id order as one batch (so a channel's messages keep their order), feeds them through that
+partition's bridge and finishes the batch in one statement once the bridge committed them. A run of messages in
+a batch is handed to the bridge all at once: the harness's commit line keeps the order they were handed in and
+groups them into shared transactions (one per group, not one per message). A consumer is woken by
+`Ingress.on_ingress` and by the router's one poller, which every `poll_interval` seconds asks the store for the
+pending records of every owned partition in one query (not one per partition) and wakes the partitions that have
+some, so a lost notification only delays. A record that cannot be read (a poison record) is logged with its id
+and finished as refused; the consumer goes on with the next. A record whose intake raised (the harness failed)
+stays unfinished and is taken in again later (its duplicate check makes that harmless).
 
-Every task the router starts (consumers, per-partition catch-ups) is owned here: `remove_partition` cancels and
-awaits that partition's tasks before handing its bridge back (its unfinished records stay for the next owner),
-`stop` does so for all.
+Every task the router starts (consumers, per-partition catch-ups, the poller) is owned here:
+`remove_partition` cancels and awaits that partition's tasks before handing its bridge back (its unfinished
+records stay for the next owner), `stop` does so for all and the poller.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -89,6 +93,7 @@ class Router:
         # of it (places the bridge has never seen, back to the adapter's look-back bound).
         self._catch_up_requests: dict[str, tuple[list[Place], str | None]] = {}
         self._unsubscribe = ingress.on_ingress(self._notified)
+        self._poller: asyncio.Task[None] | None = None
         # Counters (metrics, tests): ingress records committed here, records taken in, records refused.
         self.forwarded = 0
         self.consumed = 0
@@ -116,8 +121,11 @@ class Router:
         for transport in self.transports.values():
             bridge.attach(transport)
         self._bridges[partition] = bridge
-        self._wake[partition] = asyncio.Event()
+        self._wake[partition] = wake = asyncio.Event()
+        wake.set()  # records left by a previous owner are taken at once
         loop = asyncio.get_running_loop()
+        if self._poller is None:
+            self._poller = loop.create_task(self._poll(), name="ingress-poll")
         self._tasks[partition] = [
             loop.create_task(self._consume(partition, bridge), name=f"ingress-{partition}"),
             loop.create_task(self._catch_up_partition(partition, bridge), name=f"catch-up-{partition}"),
@@ -138,6 +146,10 @@ class Router:
         """Stop every consumer and listening; returns the bridges that were served (the caller stops them)."""
         self._unsubscribe()
         self._unsubscribe = _nothing
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
         bridges: dict[int, Bridge] = {}
         for partition in list(self._bridges):
             bridges[partition] = await self.remove_partition(partition)
@@ -304,58 +316,112 @@ class Router:
         if wake is not None:
             wake.set()
 
+    async def _poll(self) -> None:
+        """The fallback for lost notifications: one query for every owned partition, then wake those with
+        records. (The query's limit can hide a partition behind another's backlog: that only delays it to a
+        later poll, once the backlog is being taken.)"""
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            owned = list(self._wake)
+            if not owned:
+                continue
+            try:
+                records = await self.ingress.pending_ingress(owned, self.batch)
+            except Exception as exc:  # the store is down: the consumers' own retries report it
+                log.debug("polling ingress failed: %s", exc)
+                continue
+            for partition in {record.partition for record in records}:
+                self._notified(partition)
+
     async def _consume(self, partition: int, bridge: Bridge) -> None:
         wake = self._wake[partition]
         while True:
-            wake.clear()
+            await wake.wait()
+            wake.clear()  # before reading: a notification from now on runs the loop again
             try:
                 records = await self.ingress.pending_ingress([partition], self.batch)
-                for record in records:
-                    await self._take(partition, bridge, record)
+                if records:
+                    await self._take_batch(partition, bridge, records)
             except Exception as exc:  # the store or the bridge failed: the records stay; try again
                 log.warning("partition %d: taking in ingress failed, will retry: %s", partition, exc)
-                records = []
-            if len(records) < self.batch:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self.poll_interval)
+                await asyncio.sleep(self.poll_interval)
+                wake.set()
+                continue
+            if len(records) >= self.batch:
+                wake.set()  # more waiting
 
-    async def _take(self, partition: int, bridge: Bridge, record: IngressRecordLike) -> None:
+    async def _take_batch(self, partition: int, bridge: Bridge, records: Sequence[IngressRecordLike]) -> None:
+        """Take `records` in, in order, and finish those taken (or refused) in one statement. Messages are
+        handed to the bridge as a run (their commits queue in this order and share transactions); a click is
+        decided on its own, after the messages before it."""
+        done: list[int] = []
+        run: list[tuple[int, IncomingMessage]] = []
+        failure: BaseException | None = None
+
+        async def take_run() -> None:
+            nonlocal failure
+            # gather starts the intakes in list order, and each queues its commit before its first pause.
+            results = await asyncio.gather(*(bridge.intake(m) for _, m in run), return_exceptions=True)
+            for (record_id, _), result in zip(run, results, strict=True):
+                if isinstance(result, BaseException):
+                    failure = failure or result
+                    continue
+                log.debug("ingress record %d: %s", record_id, result.outcome)
+                done.append(record_id)
+                self.consumed += 1
+            run.clear()
+
         try:
-            item = self._read(partition, record)
-        except Exception as exc:  # a poison record must not stop the ones behind it
-            self.refused += 1
-            log.error(
-                "ingress record %d (%s %s) cannot be taken in and is refused: %s",
-                record.id,
-                record.kind,
-                record.key,
-                exc,
-            )
-            await self.ingress.finish_ingress(record.id)
-            return
-        if isinstance(item, IncomingMessage):
-            result = await bridge.intake(item)
-            log.debug("ingress record %d: %s", record.id, result.outcome)
-        else:
-            decision = await bridge.decide(
-                item.gate_id,
-                user_id=item.user_id,
-                user_name=item.user_name,
-                action=item.action,
-                user_groups=item.user_groups,
-                origin=item.origin,
-                platform=item.platform,
-                operator=item.operator,
-            )
-            log.info(
-                "forwarded click %s by %s on gate %d: %s",
-                item.action,
-                item.user_id,
-                item.gate_id,
-                "accepted" if decision.accepted else decision.reason,
-            )
-        await self.ingress.finish_ingress(record.id)
-        self.consumed += 1
+            for record in records:
+                try:
+                    item = self._read(partition, record)
+                except Exception as exc:  # a poison record must not stop the ones behind it
+                    self.refused += 1
+                    log.error(
+                        "ingress record %d (%s %s) cannot be taken in and is refused: %s",
+                        record.id,
+                        record.kind,
+                        record.key,
+                        exc,
+                    )
+                    done.append(record.id)
+                    continue
+                if isinstance(item, IncomingMessage):
+                    run.append((record.id, item))
+                    continue
+                if run:
+                    await take_run()
+                if failure is not None:
+                    break
+                await self._decide(bridge, item)
+                done.append(record.id)
+                self.consumed += 1
+            if run and failure is None:
+                await take_run()
+        finally:
+            if done:
+                await self.ingress.finish_ingresses(done)
+        if failure is not None:
+            raise failure
+
+    async def _decide(self, bridge: Bridge, item: Click) -> None:
+        decision = await bridge.decide(
+            item.gate_id,
+            user_id=item.user_id,
+            user_name=item.user_name,
+            action=item.action,
+            user_groups=item.user_groups,
+            origin=item.origin,
+            platform=item.platform,
+            operator=item.operator,
+        )
+        log.info(
+            "forwarded click %s by %s on gate %d: %s",
+            item.action,
+            item.user_id,
+            item.gate_id,
+            "accepted" if decision.accepted else decision.reason,
+        )
 
     def _read(self, partition: int, record: IngressRecordLike) -> IncomingMessage | Click:
         if record.kind == MESSAGE:

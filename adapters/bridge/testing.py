@@ -141,6 +141,8 @@ class MemoryIngress:
         self.records: dict[int, MemoryIngressRecord] = {}
         self.finished: set[int] = set()
         self.notify = True
+        self.finish_calls = 0  # statements that finished records (a consumer finishes a batch in one)
+        self.pending_calls: list[frozenset[int]] = []  # the partitions each `pending_ingress` asked for
         self._keys: set[str] = set()
         self._ids = itertools.count(1)
         self._callbacks: list[Callable[[int], None]] = []
@@ -178,15 +180,20 @@ class MemoryIngress:
         self, partitions: Collection[int], limit: int = 100
     ) -> list[MemoryIngressRecord]:
         self._maybe_fail("pending_ingress")
-        wanted = set(partitions)
+        wanted = frozenset(partitions)
+        self.pending_calls.append(wanted)
         pending = [
             r for i, r in sorted(self.records.items()) if i not in self.finished and r.partition in wanted
         ]
         return pending[:limit]
 
     async def finish_ingress(self, record_id: int) -> None:
+        await self.finish_ingresses([record_id])
+
+    async def finish_ingresses(self, record_ids: Collection[int]) -> None:
         self._maybe_fail("finish_ingress")
-        self.finished.add(record_id)
+        self.finish_calls += 1
+        self.finished.update(record_ids)
 
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
         self._callbacks.append(callback)

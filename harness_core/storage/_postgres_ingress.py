@@ -3,9 +3,9 @@
 none is fenced (any worker writes ingress, each worker its own row).
 
 Ingress is exactly once across workers: the key (a platform message id) is unique over the store, and a second
-put of it from any worker does nothing and says so. A put NOTIFYs the partition's channel in the same statement
-(delivered on commit), so the owner takes it in at once; the owner also polls (`pending_ingress`), so a lost
-notification only delays. Payloads are strict JSON (`clean_json`: text from outside is made valid, anything
+put of it from any worker does nothing and says so. A put commits the INSERT alone; the partition's channel is NOTIFYed after it,
+coalesced with the other puts of a short window (`_postgres_wake`), so the owner takes it in at once; the owner
+also polls (`pending_ingress`), so a lost or late notification only delays. Payloads are strict JSON (`clean_json`: text from outside is made valid, anything
 that is not JSON is refused before any I/O), stored as ASCII-escaped JSON text, so they read back equal.
 """
 
@@ -23,18 +23,15 @@ WORKERS_CHANNEL = "durable_bots_workers"  # payload: the holder that joined, lef
 
 NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-PUT_INGRESS = f"""
-WITH put AS (
-    INSERT INTO ingress (key, partition, kind, payload, created_at) VALUES ($1, $2, $3, $4, {NOW_MS})
-    ON CONFLICT (key) DO NOTHING RETURNING id
-)
-SELECT id, pg_notify('{INGRESS_CHANNEL}', $2::text) FROM put
-"""
+# Sent after the puts, in a transaction of its own (see `_postgres_wake`): one NOTIFY per partition.
+WAKE_INGRESS = f"SELECT pg_notify('{INGRESS_CHANNEL}', p::text) FROM unnest($1::int[]) AS p"
 PENDING_INGRESS = """
 SELECT id, partition, kind, key, payload, created_at FROM ingress
 WHERE partition = ANY($1::int[]) AND finished_at IS NULL ORDER BY id LIMIT $2
 """
-FINISH_INGRESS = f"UPDATE ingress SET finished_at = {NOW_MS} WHERE id = $1 AND finished_at IS NULL"
+FINISH_INGRESS = (
+    f"UPDATE ingress SET finished_at = {NOW_MS} WHERE id = ANY($1::bigint[]) AND finished_at IS NULL"
+)
 # Only finished records, and only old ones: a key must outlive the platform's redeliveries of its event.
 PRUNE_INGRESS = f"DELETE FROM ingress WHERE finished_at IS NOT NULL AND finished_at < {NOW_MS} - $1"
 

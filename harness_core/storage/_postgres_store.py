@@ -3,7 +3,8 @@
 A `PostgresStore` is what one worker process holds of a store: one connection pool (reads, commits and the
 short store-wide statements of every partition it owns), one connection renewing every lease it holds in one
 statement (`LeaseRenewer`), and one LISTEN connection (`Notifications`). So 64 owned partitions cost
-`pool_size + 2` connections, not one writer and one renewal connection each.
+`pool_size + 3` connections (the third: ingress puts, `PutLine`, opened by the first put), not one writer and
+one renewal connection each.
 
 - `open_partition(p)` takes p's lease and returns a `PostgresStorage` bound to p (its own fencing, commit order
   and ids), or the current holder. Closing the handle writes p's meta and releases the lease (NOTIFY); the
@@ -37,7 +38,7 @@ from harness_core.storage._postgres_ingress import (
     LIVE_WORKERS,
     PENDING_INGRESS,
     PRUNE_INGRESS,
-    PUT_INGRESS,
+    WAKE_INGRESS,
     WORKERS_CHANNEL,
     IngressRecord,
     WorkerInfo,
@@ -57,7 +58,9 @@ from harness_core.storage._postgres_lease import (
     try_take,
 )
 from harness_core.storage._postgres_listen import Notifications
+from harness_core.storage._postgres_put import PutLine
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, store_partitions, stored_version
+from harness_core.storage._postgres_wake import Waker
 from harness_core.storage._protocol import StorageMeta
 
 log = logging.getLogger("harness_core.storage")
@@ -104,6 +107,8 @@ class PostgresStore:
         self._notifications = Notifications(lambda: connect("listen"), description)
         self._handles: dict[int, PostgresStorage] = {}
         self._closed = False
+        self.waker = Waker(self._wake_owners)  # the one background task that NOTIFYs after puts
+        self.puts = PutLine(lambda: connect("ingress"), description)  # puts: own connection, grouped
 
     @classmethod
     async def open(
@@ -176,6 +181,7 @@ class PostgresStore:
                 timeout=connect_timeout,
                 command_timeout=60,
                 server_settings={"application_name": _APP},
+                reset=_keep_session,
             )
         except _DRIVER_ERRORS as exc:
             raise StorageError(f"cannot open storage {description}: {_reason(exc, dsn)}") from exc
@@ -403,8 +409,10 @@ class PostgresStore:
 
     async def put_ingress(self, partition: int, kind: str, key: str, payload: dict[str, Any]) -> bool:
         """Commit an event for `partition`'s owner, durably; False when `key` is already there (put by any
-        worker: exactly once). NOTIFYs the partition's owner. A payload that is not strict JSON is refused
-        (`StrictJsonError`) before any I/O."""
+        worker: exactly once). Returns once its INSERT committed, on the store's ingress connection together
+        with the puts made meanwhile (`PutLine`: never behind the pool's commits and reads); the partition's
+        owner is NOTIFYed after it, one wake-up per partition per short window for all puts of this store
+        (`Waker`). A payload that is not strict JSON is refused (`StrictJsonError`) before any I/O."""
         self._check()
         if type(partition) is not int or not 0 <= partition < self.partitions:
             raise StorageRequestError(
@@ -413,10 +421,14 @@ class PostgresStore:
         for name, value in (("kind", kind), ("key", key)):
             check_ingress_text(name, value)
         text = ingress_payload_text(key, payload)
-        row = await self._call(
-            "put an ingress record", lambda conn: conn.fetchrow(PUT_INGRESS, key, partition, kind, text)
-        )
-        return row is not None
+        try:
+            new = await self.puts.put(key, partition, kind, text)
+        except _DRIVER_ERRORS as exc:
+            raise StorageError(f"storage {self.description}: put an ingress record failed: {exc}") from exc
+        if not new:
+            return False
+        self.waker.mark(partition)
+        return True
 
     async def pending_ingress(self, partitions: Collection[int], limit: int = 100) -> list[IngressRecord]:
         """Unfinished ingress records of these partitions, in id order."""
@@ -431,8 +443,19 @@ class PostgresStore:
 
     async def finish_ingress(self, record_id: int) -> None:
         """Mark a record done, after the owner's intake of it committed (finishing twice is harmless)."""
+        await self.finish_ingresses([record_id])
+
+    async def finish_ingresses(self, record_ids: Collection[int]) -> None:
+        """Mark many records done in one statement (a consumer's batch, after their intakes committed)."""
         self._check()
-        await self._call("finish an ingress record", lambda conn: conn.execute(FINISH_INGRESS, record_id))
+        ids = sorted({int(record_id) for record_id in record_ids})
+        if ids:
+            await self._call("finish ingress records", lambda conn: conn.execute(FINISH_INGRESS, ids))
+
+    async def _wake_owners(self, partitions: list[int]) -> None:
+        # Not `_call`: the wake-ups of the last puts are still sent while `close` runs (before the pool closes).
+        async with self.pool.acquire() as conn:
+            await conn.execute(WAKE_INGRESS, partitions)
 
     async def prune_ingress(self, *, finished_for: float) -> int:
         """Delete records finished more than `finished_for` seconds ago (by the server's clock); returns how
@@ -479,6 +502,8 @@ class PostgresStore:
             return
         self._closed = True
         try:
+            await self.puts.close()
+            await self.waker.close()  # the last puts' wake-ups, while the pool is still open
             await _quietly(handle.close() for handle in list(self._handles.values()))
             await _quietly(lease.release() for lease in self._renewer.held())
             await self._renewer.close()
@@ -491,6 +516,14 @@ class PostgresStore:
 
 
 _META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release, instead of asyncpg's default query (advisory unlock, CLOSE ALL, UNLISTEN,
+    RESET ALL: one more round trip per storage call, ~10% of a busy worker's samples under py-spy). Pooled
+    connections keep no session state: LISTEN is on the store's own connection, nothing is SET, cursors live in
+    transactions, and the migration's advisory lock is released by `migrate` (or goes with the pool when
+    `open` fails). asyncpg still rolls back a transaction left open before calling this."""
 
 
 async def _quietly(closing: Iterable[Awaitable[None]]) -> None:

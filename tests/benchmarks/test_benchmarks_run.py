@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import BENCHMARKS
+from benchmarks._env import Options
+from benchmarks.workers import cases, label
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +31,7 @@ def run_tiny(name: str, workdir: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name != "intake_latency"])
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in ("intake_latency", "workers")])
 def test_benchmark_runs_and_prints_figures(name: str, tmp_path: Path) -> None:
     run_tiny(name, tmp_path)
 
@@ -40,3 +42,13 @@ def test_intake_latency_measures_the_bridge_and_both_slack_paths(tmp_path: Path)
         for load in ("recorded", "mixed"):
             assert f"{path} {load}: p99" in stdout, (path, load)
     assert "not acked" not in stdout  # every event reached the bot and was acknowledged
+
+
+def test_workers_runs_the_load_against_each_worker_count(tmp_path: Path) -> None:
+    stdout = run_tiny("workers", tmp_path)
+    for workers, partitions in cases(Options(tiny=True)):
+        name = label(workers, partitions)
+        for figure in ("intake p99", "answered turns/s", "answer p99"):
+            assert f"{name}: {figure}" in stdout, (name, figure)
+    assert "event(s) not acked" not in stdout  # every event reached a worker and was acknowledged
+    assert "mention(s) never answered" not in stdout  # each answered by whichever worker owns its channel

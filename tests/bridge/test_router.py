@@ -412,3 +412,39 @@ async def test_watching_since_is_recorded_by_its_partitions_owner_and_read_elsew
     # Another worker reads it through any partition it owns (reads see the whole store; here: the same one).
     await reader.add_partition((watch + 1) % PARTITIONS, Bridge(bot.harness))
     assert await reader.watching_since("memory", "T1") == since
+
+
+async def test_a_partitions_pending_records_are_taken_as_one_batch_and_finished_in_one_call(
+    bots: BotFactory, routers: Any
+) -> None:
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    ingress.notify = False
+    owner = await bots(platform=platform)
+    first, second = place_in(1), place_in(1, start=100)
+    texts = [f"m{i}" for i in range(12)]
+    for i, text in enumerate(texts):  # two channels of one partition, interleaved
+        await routers(ingress).intake(message(first if i % 2 else second, f"6.{i + 10}", text))
+    router = routers(ingress)
+    router.attach(platform)
+    await router.add_partition(1, owner.bridge)  # everything is already pending: one batch
+    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "every record finished")
+    assert ingress.finish_calls == 1 and router.consumed == 12
+    await eventually(lambda: has_texts(owner, first, texts[1::2]), "one channel's messages, in order")
+    await eventually(lambda: has_texts(owner, second, texts[0::2]), "the other's, in order")
+
+
+async def test_one_poll_query_covers_every_owned_partition(bots: BotFactory, routers: Any) -> None:
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    ingress.notify = False  # only the poll finds records put by another worker
+    router = routers(ingress)
+    router.attach(platform)
+    for partition in range(PARTITIONS):
+        await router.add_partition(partition, (await bots(platform=platform)).bridge)
+    await asyncio.sleep(FAST * 3)  # past each consumer's first look at its partition
+    ingress.pending_calls.clear()
+    await asyncio.sleep(FAST * 6)
+    assert ingress.pending_calls and set(ingress.pending_calls) == {frozenset(range(PARTITIONS))}
+    place = place_in(3)
+    await routers(ingress).intake(message(place, "5.1", "found by the poll"))
+    await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the poll to wake its owner")
+    assert frozenset({3}) in ingress.pending_calls  # the woken partition's consumer read its own records

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness_core import clean_json
-from harness_core.errors import StorageRequestError, StrictJsonError
+from harness_core.errors import StorageClosed, StorageError, StorageRequestError, StrictJsonError
 from harness_core.storage import PostgresStore
 
 
@@ -219,3 +219,122 @@ async def test_only_old_finished_records_are_pruned(pg_url: str) -> None:
         assert not await store.put_ingress(0, "message", "recent", {})
     finally:
         await store.close()
+
+
+async def test_wake_ups_are_coalesced_per_partition_yet_every_record_is_there(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=8)
+    other = await PostgresStore.open(pg_url, partitions=8)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        other.waker.window = 0.3  # every put below lands within a few windows
+        puts = [(2 if n % 3 else 5, f"slack:T1:C{n}:{n}") for n in range(30)]
+        results = await asyncio.gather(*(other.put_ingress(p, "message", k, {"n": 1}) for p, k in puts))
+        assert all(results)
+        seen: set[int] = set()
+        while seen != {2, 5}:
+            seen.add(await asyncio.wait_for(woken.get(), 5))
+        # One NOTIFY transaction per window, each waking every partition marked in it: far fewer than puts.
+        assert 1 <= other.waker.sent < len(puts) // 2
+        pending = await owner.pending_ingress([2, 5], limit=100)
+        assert sorted(r.key for r in pending) == sorted(k for _, k in puts)
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_a_put_made_just_before_close_still_wakes_the_owner(pg_url: str) -> None:
+    owner = await PostgresStore.open(pg_url, partitions=4)
+    other = await PostgresStore.open(pg_url, partitions=4)
+    try:
+        woken: asyncio.Queue[int] = asyncio.Queue()
+        owner.on_ingress(woken.put_nowait)
+        await owner.listening()
+        other.waker.window = 30.0  # only `close` can send it in time
+        assert await other.put_ingress(3, "message", "last", {})
+        await other.close()
+        assert await asyncio.wait_for(woken.get(), 5) == 3
+    finally:
+        await owner.close()
+        await other.close()
+
+
+async def test_many_records_are_finished_in_one_call(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        for n in range(6):
+            assert await store.put_ingress(n % 2, "message", f"m{n}", {"n": n})
+        records = await store.pending_ingress([0, 1])
+        done = [r.id for r in records if r.partition == 0]
+        await store.finish_ingresses(done)
+        await store.finish_ingresses(done + done)  # again, and repeated ids: harmless
+        await store.finish_ingresses([])
+        assert [r.key for r in await store.pending_ingress([0, 1])] == ["m1", "m3", "m5"]
+        finished = await store.pool.fetch("SELECT key FROM ingress WHERE finished_at IS NOT NULL ORDER BY id")
+        assert [row[0] for row in finished] == ["m0", "m2", "m4"]
+    finally:
+        await store.close()
+
+
+async def test_a_pooled_connection_is_released_without_a_reset_round_trip(pg_url: str) -> None:
+    """Pooled connections keep no session state, so releasing one sends nothing (asyncpg's default sends
+    `... RESET ALL` each time: a round trip per storage call)."""
+    store = await PostgresStore.open(pg_url, partitions=2, pool_size=1)
+    watcher = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        await store.pending_ingress([1])
+        await asyncio.sleep(0.1)
+        pid = await store.pool.fetchval("SELECT pg_backend_pid()")
+        await asyncio.sleep(0.1)
+        last = await watcher.pool.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
+        assert last == "SELECT pg_backend_pid()"  # the statement itself was the last one sent
+    finally:
+        await store.close()
+        await watcher.close()
+
+
+async def test_puts_made_together_are_committed_together_in_the_order_made(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=4)
+    try:
+        keys = [f"slack:T1:C1:{n}" for n in range(60)] + ["slack:T1:C1:7"]  # the last repeats a key
+        results = await asyncio.gather(
+            *(store.put_ingress(n % 4, "message", k, {"n": n}) for n, k in enumerate(keys))
+        )
+        assert results == [True] * 60 + [False]
+        assert store.puts.writes < 30  # puts queued behind a write share the next one
+        pending = await store.pending_ingress(range(4), limit=100)
+        assert [r.key for r in pending] == keys[:60]  # ids follow the order the puts were made
+        assert [r.payload["n"] for r in pending] == list(range(60))
+    finally:
+        await store.close()
+
+
+async def test_a_dropped_put_connection_fails_only_the_puts_in_flight_and_is_replaced(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2)
+    try:
+        assert await store.put_ingress(0, "message", "before", {})
+        dropped = await store.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'durable-bots ingress'"
+        )
+        assert dropped == 1
+        await asyncio.sleep(0.1)
+        outcomes: list[bool | str] = []
+        for _ in range(2):  # the first may meet the dead connection: a clear error, nothing acknowledged
+            try:
+                outcomes.append(await store.put_ingress(1, "message", "after", {}))
+            except StorageError as exc:
+                outcomes.append(str(exc))
+        assert True in outcomes
+        assert all("put an ingress record failed" in o for o in outcomes if isinstance(o, str))
+        assert [r.key for r in await store.pending_ingress([0, 1])] == ["before", "after"]
+    finally:
+        await store.close()
+
+
+async def test_a_closed_store_refuses_puts(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=2)
+    await store.close()
+    with pytest.raises(StorageClosed):
+        await store.put_ingress(0, "message", "late", {})

@@ -1,0 +1,138 @@
+"""The ingress put line: a store's ingress puts committed together, on a connection of their own.
+
+A put is what a worker waits for before it acknowledges a platform event, so it must not queue behind the
+harness commits and reads of 64 partitions for one of the pool's connections. Puts made while a write is in
+flight wait for the next one, which inserts all of them in one statement (one transaction, one WAL flush for
+many events): under load the put rate is no longer one commit per event. Each put still returns only once its
+row is committed, and says whether it was new (`ON CONFLICT (key) DO NOTHING`; within one write a repeated key
+is new for its first put only). Rows are inserted in the order the puts were made.
+
+A write that fails (the connection dropped, the server is gone) fails every put in it; the connection is
+dropped and the next write connects again. A put whose commit was uncertain is safe to repeat: its key makes
+it exactly once. `close` fails the puts still queued and closes the connection. Owned by the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness_core.errors import StorageClosed
+
+MAX_WRITE = 500  # puts per statement: bounds the statement while a burst is queued
+
+PUT_MANY = """
+INSERT INTO ingress (key, partition, kind, payload, created_at)
+SELECT k, p, t, d, (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[]) WITH ORDINALITY AS u(k, p, t, d, n)
+ORDER BY n
+ON CONFLICT (key) DO NOTHING RETURNING key
+"""
+
+
+@dataclass
+class _Put:
+    key: str
+    partition: int
+    kind: str
+    payload: str
+    done: asyncio.Future[bool]
+
+
+class PutLine:
+    def __init__(self, connect: Callable[[], Awaitable[Any]], description: str) -> None:
+        self._connect = connect
+        self._description = description
+        self._queue: list[_Put] = []
+        self._event: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._conn: Any = None
+        self._closed = False
+        self.writes = 0  # statements written (tests, metrics)
+
+    async def put(self, key: str, partition: int, kind: str, payload: str) -> bool:
+        """Commit one record (with the others queued meanwhile); True if its key was new."""
+        if self._closed:
+            raise StorageClosed(f"storage {self._description} is closed")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        done.add_done_callback(_retrieve)  # a cancelled caller leaves nobody to read a failure
+        self._queue.append(_Put(key, partition, kind, payload, done))
+        if self._task is None:
+            self._event = asyncio.Event()
+            self._task = loop.create_task(self._run(), name="ingress-puts")
+        assert self._event is not None
+        self._event.set()
+        # The write goes on if the caller is cancelled: the record is committed (or not) as a whole.
+        return await asyncio.shield(done)
+
+    async def _run(self) -> None:
+        assert self._event is not None
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            while self._queue:
+                batch, self._queue = self._queue[:MAX_WRITE], self._queue[MAX_WRITE:]
+                try:
+                    new = await self._write(batch)
+                except BaseException as exc:  # closing included: no put is left waiting
+                    error = (
+                        exc
+                        if isinstance(exc, Exception)
+                        else StorageClosed(f"storage {self._description} is closed")
+                    )
+                    for item in batch:
+                        if not item.done.done():
+                            item.done.set_exception(error)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for item in batch:
+                    fresh = item.key in new
+                    new.discard(item.key)  # a key repeated in this write is new for its first put only
+                    if not item.done.done():
+                        item.done.set_result(fresh)
+
+    async def _write(self, batch: list[_Put]) -> set[str]:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await self._connect()
+        try:
+            rows = await self._conn.fetch(
+                PUT_MANY,
+                [p.key for p in batch],
+                [p.partition for p in batch],
+                [p.kind for p in batch],
+                [p.payload for p in batch],
+            )
+        except BaseException:
+            conn, self._conn = self._conn, None
+            conn.terminate()  # its state is unknown: the next write connects afresh
+            raise
+        self.writes += 1
+        return {str(row[0]) for row in rows}
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for item in self._queue:
+            if not item.done.done():
+                item.done.set_exception(StorageClosed(f"storage {self._description} is closed"))
+        self._queue.clear()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await asyncio.wait_for(conn.close(), timeout=2)
+            except Exception:
+                conn.terminate()
+
+
+def _retrieve(future: asyncio.Future[bool]) -> None:
+    if not future.cancelled():
+        future.exception()
