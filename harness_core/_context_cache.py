@@ -13,6 +13,15 @@ derived prompt view takes 10-11 times that, measured by walking the cached objec
 so the full default holds 80-90 MB). The least recently used ranges leave first; a range bigger than the whole
 budget is used once and not kept. Nothing is lost by leaving: the next `get` reads the range from storage again.
 
+A range is in use while a view `lend` handed out for it is alive (a generation holds its context across the
+commit or the model call of its step). Dropping a range in use frees nothing until its users let go, and its next
+`get` would read it again: so eviction skips ranges in use (least recently used idle ranges leave first), and a
+range dropped while in use (a new head marker, a re-read) keeps counting against `max_bytes` until its last view
+is gone. What the cache keeps alive is then at most the larger of `max_bytes` and what the steps in flight hold,
+instead of their sum: under a load that visits more conversations than fit (each step reads a context that
+evicted ranges other steps still hold), the sum grows with the contexts and every new high-water mark is memory
+the allocator keeps.
+
 Counting a range read back costs a serialization per entry (as much CPU as parsing it again), so the cache keeps
 the count of the last `SIZE_MEMO` (4,096) ranges it let go: (head id, entry count, newest id, bytes), ~200 bytes
 each. A range read back with the same head and that prefix only counts its newer entries.
@@ -20,13 +29,16 @@ each. A range read back with the same head and that prefix only counts its newer
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness_core._session import Publication
+from harness_core.context import ContextView
 from harness_core.records import Entry
 
 Loader = Callable[[], Awaitable[tuple[Entry | None, list[Entry]]]]
@@ -49,6 +61,14 @@ class _Range:
     stale: bool = False
     derived: tuple[tuple[int, int], Any] | None = None  # ((entry count, newest id), derived view)
     size: int = 0  # bytes of the entries (see `entry_bytes`)
+    # Views handed out and still alive, by the id of their weak reference (a view is not hashable).
+    lent: dict[int, weakref.ref[ContextView]] = field(default_factory=dict)
+    dropped: bool = False  # left the cache; counted in `ContextCache._held` while lent
+
+    @property
+    def idle(self) -> bool:
+        """Ready and with no view of it alive: dropping it frees its memory now."""
+        return self.ready and not self.lent
 
     def add(self, entry: Entry) -> int:
         """Add a published entry; the bytes it adds (0 when it was already there)."""
@@ -76,18 +96,30 @@ class ContextCache:
         self.reads = 0  # and of those read from storage (misses)
         self._ranges: OrderedDict[int, _Range] = OrderedDict()
         self._bytes = 0  # sum of the sizes of the ranges held
+        self._held = 0  # sum of the sizes of ranges dropped while in use (still alive through their views)
+        self._held_ranges = 0  # and how many
+        self._shrink_scheduled = False
         # conversation -> (head id, entry count, newest id, bytes) of a range let go (see the module docstring)
         self._sizes: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
 
     @property
     def size(self) -> tuple[int, int]:
-        """(conversations, bytes) held."""
-        return len(self._ranges), self._bytes
+        """(conversations, bytes) held: the cached ranges, plus the bytes of ranges dropped while in use."""
+        return len(self._ranges), self._bytes + self._held
+
+    @property
+    def in_use(self) -> int:
+        """Ranges with a view alive (cached or dropped)."""
+        return sum(1 for cached in self._ranges.values() if cached.lent) + self._held_ranges
 
     def _drop(self, conversation_id: int) -> None:
         dropped = self._ranges.pop(conversation_id, None)
         if dropped is not None:
             self._bytes -= dropped.size
+            dropped.dropped = True
+            if dropped.lent:
+                self._held += dropped.size
+                self._held_ranges += 1
             if dropped.ready and not dropped.stale and dropped.entries:
                 head_id = dropped.head.id if dropped.head is not None else None
                 self._sizes[conversation_id] = (head_id, len(dropped.entries), dropped.ids[-1], dropped.size)
@@ -107,10 +139,39 @@ class ContextCache:
                 return size + sum(entry_bytes(e) for e in entries[count:])
         return sum(entry_bytes(e) for e in entries)
 
+    def _over(self) -> bool:
+        return len(self._ranges) > self._capacity or self._bytes + self._held > self._max_bytes
+
     def _shrink(self) -> None:
-        while self._ranges and (len(self._ranges) > self._capacity or self._bytes > self._max_bytes):
-            oldest = next(iter(self._ranges))
-            self._drop(oldest)
+        """Drop idle ranges, least recently used first, until within bounds (ranges in use stay, see above)."""
+        if not self._over():
+            return
+        for conversation_id, cached in list(self._ranges.items()):
+            if cached.idle:
+                self._drop(conversation_id)
+                if not self._over():
+                    return
+
+    def _shrink_soon(self) -> None:
+        self._shrink_scheduled = False
+        self._shrink()
+
+    def _release(self, cached: _Range, ref: weakref.ref[ContextView]) -> None:
+        """A view of `cached` is gone. Runs whenever the last reference goes (even inside other code, e.g. a
+        collection), so it only counts; the cache shrinks on the next turn of the loop."""
+        cached.lent.pop(id(ref), None)
+        if cached.lent:
+            return
+        if cached.dropped:
+            self._held -= cached.size
+            self._held_ranges -= 1
+        if not self._shrink_scheduled and self._over():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop (closing): the next get or publication shrinks
+            self._shrink_scheduled = True
+            loop.call_soon(self._shrink_soon)
 
     def on_publication(self, publication: Publication) -> None:
         if not self._ranges:
@@ -195,7 +256,7 @@ class ContextCache:
         if cached.derived is not None:
             (count, newest), previous = cached.derived
             if (count, newest) == key:
-                return previous
+                return self._lend(cached, previous)
             # A prefix of these entries iff its newest entry is at the same place (ids are unique, sorted and
             # never removed, so an older entry inserted since would shift it).
             if extend is not None and 0 < count < len(entries) and entries[count - 1].id == newest:
@@ -203,7 +264,17 @@ class ContextCache:
         if view is None:
             view = derive()
         cached.derived = (key, view)
-        return view
+        return self._lend(cached, view)
+
+    def _lend(self, cached: _Range, view: Any) -> Any:
+        """A view of its own for the caller (sharing the cached lists), watched so the range counts as in use
+        while it lives."""
+        if not isinstance(view, ContextView):
+            return view
+        handle = replace(view)
+        ref = weakref.ref(handle, lambda gone: self._release(cached, gone))
+        cached.lent[id(ref)] = ref
+        return handle
 
     def forget(self, conversation_id: int) -> None:
         self._drop(conversation_id)

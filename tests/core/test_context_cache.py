@@ -251,3 +251,78 @@ async def test_misses_are_counted_and_a_range_read_back_counts_only_its_newer_en
     _, entries = await read_active_range(harness, root.id, None)
     assert cache.size[1] == sum(real(e) for e in entries) > whole  # the same as counting them all
     await harness.close()
+
+
+async def _cache_of(budget: int) -> tuple[Harness, ContextCache]:
+    harness = await Harness.open(await MemoryStorage.open())
+    harness.context_cache = cache = ContextCache(max_bytes=budget)
+    harness.session.subscribe(cache.on_publication)
+    return harness, cache
+
+
+async def test_a_range_in_use_is_not_evicted_for_another_one() -> None:
+    # Budget for one range: a generation holding A's context while B's is read. Evicting A would free nothing
+    # (the generation holds it) and make A's next step read it again; B, idle once read, leaves instead.
+    harness, cache = await _cache_of(3_000)
+    root = await harness.root()
+    other = (await harness.create_conversation()).id
+    for n in range(4):
+        await note(harness, root.id, f"a{n}: " + "a" * 400)
+        await note(harness, other, f"b{n}: " + "b" * 400)
+    held = await load_context(harness, root.id)
+    assert cache.reads == 1 and cache.in_use == 1
+    await assert_agrees(harness, other)  # over the budget with both: the idle one (B) leaves
+    assert cache.size[0] == 1 and cache.size[1] <= 3_000
+    reads = cache.reads
+    await assert_agrees(harness, root.id)  # still cached
+    assert cache.reads == reads
+    assert held.entries[-1].id == (await load_context(harness, root.id)).entries[-1].id
+    del held
+    assert cache.in_use == 0
+    await assert_agrees(harness, other)  # now A is idle and least recently used: it leaves for B
+    reads = cache.reads
+    await assert_agrees(harness, root.id)
+    assert cache.reads == reads + 1
+    await harness.close()
+
+
+async def test_ranges_in_use_stay_past_the_budget_until_let_go_then_the_cache_shrinks_back() -> None:
+    harness, cache = await _cache_of(5_000)
+    root = await harness.root()
+    other = (await harness.create_conversation()).id
+    for n in range(4):
+        await note(harness, root.id, f"a{n}: " + "a" * 400)
+        await note(harness, other, f"b{n}: " + "b" * 400)
+    first = await load_context(harness, root.id)
+    second = await load_context(harness, other)  # both fit
+    assert cache.size[0] == 2 and cache.in_use == 2
+    for n in range(3):  # published into both cached ranges while they are in use: over the budget
+        await note(harness, root.id, f"more a{n}: " + "a" * 400)
+        await note(harness, other, f"more b{n}: " + "b" * 400)
+    assert cache.size[0] == 2 and cache.size[1] > 5_000
+    del first, second
+    assert cache.size[0] == 2  # the views only count; the shrink runs on the loop's next turn
+    await asyncio.sleep(0)
+    assert cache.size[0] == 1 and cache.size[1] <= 5_000 and cache.in_use == 0
+    await assert_agrees(harness, root.id)
+    await assert_agrees(harness, other)
+    await harness.close()
+
+
+async def test_a_range_dropped_while_in_use_counts_against_the_budget_until_its_views_are_gone() -> None:
+    harness, cache = await _cache_of(100_000)
+    root = await harness.root()
+    for n in range(3):
+        await note(harness, root.id, f"{n}: " + "c" * 400)
+    held = await load_context(harness, root.id)
+    before = cache.size[1]
+    marker = await note(harness, root.id, "handoff", head="self")  # a new range start: the old range is stale
+    await assert_agrees(harness, root.id)  # reads the new range; the old one leaves the cache, still held
+    _, fresh = cache.size
+    assert cache.in_use == 1  # the old range (the new one's view is gone)
+    assert held.head is None and fresh > before  # the old range's bytes still count, with the new range's
+    del held
+    assert cache.in_use == 0 and cache.size[1] == fresh - before
+    view = await load_context(harness, root.id)
+    assert view.head is not None and view.head.id == marker
+    await harness.close()
