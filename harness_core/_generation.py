@@ -115,13 +115,15 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             await runtime.commit(lambda tx, t: _fail_run(tx, t, "model_error", overflow_text))
             return
 
-    view = await load_context(harness, task.conversation_id)
     env = None
     try:
         env = await harness.make_env(task.conversation_id)
     except Exception as exc:
         harness.report(exc)
     sections = await render_sections(agent, task.conversation_id, env, harness.report)
+    # The context is read after the awaits above and let go before the commit below: a step holding a context
+    # keeps it in the context cache's use (or alive after it left), so it is held only while it is used.
+    view = await load_context(harness, task.conversation_id)
     drafts = plan_system(view, agent, sections)
 
     settings = harness.settings
@@ -147,6 +149,8 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             background = not live.get("compactions")
 
     model_json = {"provider": agent.model.provider, "model_id": agent.model.model_id}
+    known_tail = max([e.id for e in view.entries] + [0])
+    del view
 
     async def commit(tx: Tx, t: Task) -> Checkpoint:
         for draft in drafts:
@@ -168,7 +172,7 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             live.value.setdefault("compactions", []).append(
                 {"task_id": compaction.id, "reason": "threshold", "blocking": False, "attempt": 1}
             )
-        tail = max([e.id for e in tx.appended_entries()] + [e.id for e in view.entries] + [0])
+        tail = max([e.id for e in tx.appended_entries()] + [known_tail])
         return Checkpoint(
             {
                 "phase": "request",

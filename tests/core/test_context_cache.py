@@ -326,3 +326,35 @@ async def test_a_range_dropped_while_in_use_counts_against_the_budget_until_its_
     view = await load_context(harness, root.id)
     assert view.head is not None and view.head.id == marker
     await harness.close()
+
+
+async def test_a_generation_holds_no_context_while_its_prepare_step_commits() -> None:
+    # The prepare step reads the context, plans from it and lets it go before its commit waits for storage: a
+    # context held across a commit counts as in use (or stays alive after it left the cache) for nothing.
+    from collections.abc import Sequence
+
+    from harness_core.storage import CommitBatch
+
+    in_use_at_prepare_commit: list[int] = []
+
+    class Watching(MemoryStorage):
+        harness: Harness | None = None
+
+        async def commit(self, batches: Sequence[CommitBatch]) -> None:
+            for batch in batches:
+                for task in batch.tasks:
+                    checkpoint = task.state.checkpoint or {}
+                    if self.harness is not None and checkpoint.get("phase") == "request":
+                        in_use_at_prepare_commit.append(self.harness.context_cache.in_use)
+            await super().commit(batches)
+
+    storage = await Watching.open()
+    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    storage.harness = harness
+    root = await harness.root(agent=FAUX)
+    for i in range(3):
+        await (await root.submit(Input(f"q{i}"))).wait()
+    assert len(in_use_at_prepare_commit) == 3
+    assert in_use_at_prepare_commit == [0, 0, 0]
+    await assert_agrees(harness, root.id)
+    await harness.close()
