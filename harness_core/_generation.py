@@ -270,6 +270,9 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
         options=dict(checkpoint.get("stream_options") or {}),
     )
     final = await _stream(harness, runtime, task, ref, request)
+    # The context was in use while the model answered from it; the commits below only need the answer.
+    offered = [t.name for t in prompt.tools]
+    del view, messages, request, prompt
     for observer in agent.hooks("core.generation", "after_response"):
         try:
             result = observer(final, runtime)
@@ -279,7 +282,7 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
             raise
         except Exception as exc:
             harness.report(exc)
-    await _classify(harness, runtime, task, final, attempt, checkpoint, [t.name for t in prompt.tools], agent)
+    await _classify(harness, runtime, task, final, attempt, checkpoint, offered, agent)
 
 
 async def _stream(

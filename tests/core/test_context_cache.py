@@ -328,24 +328,27 @@ async def test_a_range_dropped_while_in_use_counts_against_the_budget_until_its_
     await harness.close()
 
 
-async def test_a_generation_holds_no_context_while_its_prepare_step_commits() -> None:
-    # The prepare step reads the context, plans from it and lets it go before its commit waits for storage: a
-    # context held across a commit counts as in use (or stays alive after it left the cache) for nothing.
+async def test_a_generation_holds_its_context_only_while_it_uses_it() -> None:
+    # The prepare step reads the context, plans from it and lets it go before its commit waits for storage;
+    # the request step holds it while the model answers and lets it go before recording the answer. A context
+    # held across a commit counts as in use (or stays alive after it left the cache) for nothing.
     from collections.abc import Sequence
 
     from harness_core.storage import CommitBatch
 
-    in_use_at_prepare_commit: list[int] = []
+    in_use_at: dict[str, list[int]] = {"prepare": [], "answer": []}
 
     class Watching(MemoryStorage):
         harness: Harness | None = None
 
         async def commit(self, batches: Sequence[CommitBatch]) -> None:
-            for batch in batches:
-                for task in batch.tasks:
-                    checkpoint = task.state.checkpoint or {}
-                    if self.harness is not None and checkpoint.get("phase") == "request":
-                        in_use_at_prepare_commit.append(self.harness.context_cache.in_use)
+            if self.harness is not None:
+                in_use = self.harness.context_cache.in_use
+                for batch in batches:
+                    if any((t.state.checkpoint or {}).get("phase") == "request" for t in batch.tasks):
+                        in_use_at["prepare"].append(in_use)
+                    if any(e.kind == "core.assistant" for e in batch.entries):
+                        in_use_at["answer"].append(in_use)
             await super().commit(batches)
 
     storage = await Watching.open()
@@ -354,7 +357,6 @@ async def test_a_generation_holds_no_context_while_its_prepare_step_commits() ->
     root = await harness.root(agent=FAUX)
     for i in range(3):
         await (await root.submit(Input(f"q{i}"))).wait()
-    assert len(in_use_at_prepare_commit) == 3
-    assert in_use_at_prepare_commit == [0, 0, 0]
+    assert in_use_at == {"prepare": [0, 0, 0], "answer": [0, 0, 0]}
     await assert_agrees(harness, root.id)
     await harness.close()
