@@ -245,10 +245,12 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
     if info is None:
         await runtime.commit(lambda tx, t: _fail_run(tx, t, "no_model", f"unknown model {ref}"))
         return
+    agent = await harness.resolve_agent(task.conversation_id)
+    provider_doc = await harness.snapshot(ProviderDoc, task.conversation_id) or {}
+    # Read last before the model call (not across the awaits above), see `_prepare`.
     view = await load_context(harness, task.conversation_id, int(checkpoint["cutoff"]))
     prompt = replay_system(view.messages)
     messages: list[Message] = provider_messages(view.messages)
-    agent = await harness.resolve_agent(task.conversation_id)
     for before in agent.hooks("core.generation", "before_request"):
         try:
             replaced = before({"messages": list(messages)}, runtime)
@@ -260,7 +262,6 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
             raise
         except Exception as exc:
             harness.report(exc)
-    provider_doc = await harness.snapshot(ProviderDoc, task.conversation_id) or {}
     request = ModelRequest(
         system_prompt=prompt.system_prompt(),
         messages=messages,

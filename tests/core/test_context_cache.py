@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -352,11 +353,26 @@ async def test_a_generation_holds_its_context_only_while_it_uses_it() -> None:
             await super().commit(batches)
 
     storage = await Watching.open()
-    harness, _ = await open_harness(storage=storage, responder=lambda _r: faux_assistant("ok"))
+    harness, faux = await open_harness(storage=storage)
     storage.harness = harness
+
+    def respond(_request: object) -> object:
+        in_use_at.setdefault("model", []).append(harness.context_cache.in_use)
+        return faux_assistant("ok")
+
+    faux.set_responder(respond)  # type: ignore[arg-type]
+    real_snapshot = harness.snapshot
+
+    async def snapshot(*args: Any, **kwargs: Any) -> Any:  # the request step's other reads come first
+        in_use_at.setdefault("snapshot", []).append(harness.context_cache.in_use)
+        return await real_snapshot(*args, **kwargs)
+
+    harness.snapshot = snapshot  # type: ignore[method-assign]
     root = await harness.root(agent=FAUX)
     for i in range(3):
         await (await root.submit(Input(f"q{i}"))).wait()
-    assert in_use_at == {"prepare": [0, 0, 0], "answer": [0, 0, 0]}
+    assert in_use_at["model"] == [1, 1, 1]  # in use while the model answers from it
+    assert in_use_at["prepare"] == in_use_at["answer"] == [0, 0, 0]
+    assert len(in_use_at["snapshot"]) >= 6 and set(in_use_at["snapshot"]) == {0}
     await assert_agrees(harness, root.id)
     await harness.close()
