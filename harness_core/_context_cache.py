@@ -13,14 +13,15 @@ derived prompt view takes 10-11 times that, measured by walking the cached objec
 so the full default holds 80-90 MB). The least recently used ranges leave first; a range bigger than the whole
 budget is used once and not kept. Nothing is lost by leaving: the next `get` reads the range from storage again.
 
-A range is in use while a view `lend` handed out for it is alive (a generation holds its context across the
-commit or the model call of its step). Dropping a range in use frees nothing until its users let go, and its next
-`get` would read it again: so eviction skips ranges in use (least recently used idle ranges leave first), and a
-range dropped while in use (a new head marker, a re-read) keeps counting against `max_bytes` until its last view
-is gone. What the cache keeps alive is then at most the larger of `max_bytes` and what the steps in flight hold,
-instead of their sum: under a load that visits more conversations than fit (each step reads a context that
-evicted ranges other steps still hold), the sum grows with the contexts and every new high-water mark is memory
-the allocator keeps.
+A range is in use while a view `derived` handed out for it is alive (`load_context` callers: a generation step
+holds its context only while it uses it, e.g. during the model call, and lets it go before it waits for a commit).
+Dropping a range in use frees nothing until its users let go, and its next `get` would read it again: so eviction
+skips ranges in use (the least recently used idle ranges leave first), and a range dropped while in use (a new
+head marker, a re-read) keeps counting against `max_bytes` until its last view is gone. What the cache keeps
+alive is then at most the larger of `max_bytes` and what the steps in flight hold, instead of their sum: under a
+load that visits more conversations than fit, the sum grows with the contexts, and each new high-water mark is
+memory the allocator keeps (issue 12's `memory_growth` steps). When views of ranges in use are let go with the
+cache over its bounds, it shrinks on the event loop's next turn.
 
 Counting a range read back costs a serialization per entry (as much CPU as parsing it again), so the cache keeps
 the count of the last `SIZE_MEMO` (4,096) ranges it let go: (head id, entry count, newest id, bytes), ~200 bytes
@@ -246,8 +247,9 @@ class ContextCache:
     ) -> Any:
         """The view derived from `entries` (a prefix of the cached range), computed once per range state.
         When the last view is of a shorter prefix of the same entries, `extend(view, newer entries)` may
-        derive from the newer entries only (it returns None when it cannot). Views are shared: callers must
-        not mutate them."""
+        derive from the newer entries only (it returns None when it cannot). A `ContextView` comes back as an
+        object of the caller's own whose lists are shared with the cache (callers must not mutate them); while
+        it is alive the range is in use (see the module docstring), so hold it only while using it."""
         cached = self._ranges.get(conversation_id)
         if cached is None or not cached.ready or cached.stale:
             return derive()
