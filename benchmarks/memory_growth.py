@@ -112,6 +112,8 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
         "answered": answered,
         "reads": cache.reads,
         "gets": cache.gets,
+        "admit_waits": cache.admit_waits,
+        "admit_timeouts": cache.admit_timeouts,
         "blocks": blocks,
         "seconds": time.monotonic() - started,
     }
@@ -156,6 +158,12 @@ async def run(options: Options) -> Report:
     )
     report.add("answers delivered", result["answered"], "messages")
     report.add("contexts read from storage (cache misses)", result["reads"], f"of {result['gets']:,} gets")
+    report.add(
+        "misses that waited for the miss budget",
+        result["admit_waits"],
+        "misses",
+        f"{result['admit_timeouts']:,} of them went over it after the wait limit",
+    )
     report.add("wall time of the child", result["seconds"], "s")
     report.note("RSS samples (messages: MiB): " + ", ".join(f"{n}: {rss / 2**20:.1f}" for n, rss in samples))
     report.note(

@@ -23,6 +23,16 @@ load that visits more conversations than fit, the sum grows with the contexts, a
 memory the allocator keeps (issue 12's `memory_growth` steps). When views of ranges in use are let go with the
 cache over its bounds, it shrinks on the event loop's next turn.
 
+Misses are admitted within a budget. Under a load that visits more conversations than fit, most steps miss, and
+the steps woken by one commit run as a cohort: each reads its whole context and holds it while the model answers,
+so dozens of whole contexts can be alive at once beyond what the cache keeps, a peak the allocator keeps too. So
+ranges read on a miss and still in use (being read, or with a view alive) may hold at most `miss_bytes` (default
+`MISS_BYTES`, 1 MiB of entries, counted as above; a range not counted before is reckoned at `MISS_GUESS`, 16 KiB);
+a miss beyond that waits, first come first served, until one is let go. One is always admitted, so a range bigger
+than the budget is read. The wait is bounded (`admit_wait`, default 2 s): a step that holds one context and asks
+for another could otherwise wait for itself; past it the miss goes over the budget (counted in
+`admit_timeouts`). Hits never wait.
+
 Counting a range read back costs a serialization per entry (as much CPU as parsing it again), so the cache keeps
 the count of the last `SIZE_MEMO` (4,096) ranges it let go: (head id, entry count, newest id, bytes), ~200 bytes
 each. A range read back with the same head and that prefix only counts its newer entries.
@@ -33,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +55,9 @@ from harness_core.records import Entry
 Loader = Callable[[], Awaitable[tuple[Entry | None, list[Entry]]]]
 MAX_BYTES = 8 * 2**20
 SIZE_MEMO = 4096
+MISS_BYTES = 2**20
+MISS_GUESS = 16 * 2**10
+ADMIT_WAIT = 2.0
 
 
 def entry_bytes(entry: Entry) -> int:
@@ -65,6 +78,8 @@ class _Range:
     # Views handed out and still alive, by the id of their weak reference (a view is not hashable).
     lent: dict[int, weakref.ref[ContextView]] = field(default_factory=dict)
     dropped: bool = False  # left the cache; counted in `ContextCache._held` while lent
+    admitted: int = 0  # bytes of the miss budget this range holds (read on a miss and still in use), else 0
+    admitted_any: bool = False  # holds a share of the miss budget (its bytes may be 0)
 
     @property
     def idle(self) -> bool:
@@ -90,11 +105,25 @@ class _Range:
 
 
 class ContextCache:
-    def __init__(self, capacity: int = 512, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        capacity: int = 512,
+        max_bytes: int = MAX_BYTES,
+        miss_bytes: int = MISS_BYTES,
+        admit_wait: float = ADMIT_WAIT,
+    ) -> None:
         self._capacity = capacity
         self._max_bytes = max_bytes
+        self._miss_bytes = miss_bytes
+        self._admit_wait = admit_wait
         self.gets = 0  # for benchmarks and tests: ranges asked for,
-        self.reads = 0  # and of those read from storage (misses)
+        self.reads = 0  # and of those read from storage (misses),
+        self.admit_waits = 0  # misses that waited for the miss budget,
+        self.admit_timeouts = 0  # and of those went over it after `admit_wait`
+        self._missing = 0  # bytes of the miss budget held (see the module docstring)
+        self._missing_ranges = 0  # and by how many ranges
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._wake_scheduled = False
         self._ranges: OrderedDict[int, _Range] = OrderedDict()
         self._bytes = 0  # sum of the sizes of the ranges held
         self._held = 0  # sum of the sizes of ranges dropped while in use (still alive through their views)
@@ -163,6 +192,7 @@ class ContextCache:
         cached.lent.pop(id(ref), None)
         if cached.lent:
             return
+        self._unadmit(cached)
         if cached.dropped:
             self._held -= cached.size
             self._held_ranges -= 1
@@ -173,6 +203,82 @@ class ContextCache:
                 return  # no loop (closing): the next get or publication shrinks
             self._shrink_scheduled = True
             loop.call_soon(self._shrink_soon)
+
+    @property
+    def missing(self) -> tuple[int, int]:
+        """(ranges, bytes) of the miss budget held: ranges read on a miss, being read or in use."""
+        return self._missing_ranges, self._missing
+
+    def _fits(self, need: int) -> bool:
+        return self._missing_ranges == 0 or self._missing + need <= self._miss_bytes
+
+    def _take(self, need: int) -> None:
+        self._missing += need
+        self._missing_ranges += 1
+
+    def _give_back(self, share: int) -> None:
+        self._missing -= share
+        self._missing_ranges -= 1
+        if self._waiters and not self._wake_scheduled:
+            # May run inside a weak reference's callback (any code, e.g. a collection): wake on the loop's turn.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._wake_scheduled = True
+            loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        """Hand shares of the miss budget to waiters, in order, while the first one fits."""
+        self._wake_scheduled = False
+        while self._waiters:
+            need, waiter = self._waiters[0]
+            if waiter.done():
+                self._waiters.popleft()
+                continue
+            if not self._fits(need):
+                return
+            self._waiters.popleft()
+            self._take(need)
+            waiter.set_result(None)
+
+    async def _admit(self, need: int) -> None:
+        """Take `need` bytes of the miss budget, waiting (at most `admit_wait`) while it is spent."""
+        if not self._waiters and self._fits(need):
+            self._take(need)
+            return
+        self.admit_waits += 1
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item = (need, waiter)
+        self._waiters.append(item)
+        try:
+            async with asyncio.timeout(self._admit_wait):
+                await waiter
+        except TimeoutError:
+            handed = waiter.done() and not waiter.cancelled() and waiter.exception() is None
+            if not handed:  # go over the budget rather than stall (see the module docstring)
+                self.admit_timeouts += 1
+                self._take(need)
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._give_back(need)  # handed a share just as we were cancelled: pass it on
+            raise
+        finally:
+            if item in self._waiters:
+                self._waiters.remove(item)
+
+    def _unadmit(self, cached: _Range) -> None:
+        """`cached` no longer needs its share of the miss budget (let go, or read in vain)."""
+        if cached.admitted_any:
+            cached.admitted_any = False
+            self._give_back(cached.admitted)
+            cached.admitted = 0
+
+    def _settle(self, cached: _Range) -> None:
+        """A loop turn after a miss was read: its caller took a view by now, or none (a range bigger than the
+        budget, an earlier cutoff); without one, its share goes back."""
+        if not cached.lent:
+            self._unadmit(cached)
 
     def on_publication(self, publication: Publication) -> None:
         if not self._ranges:
@@ -193,14 +299,26 @@ class ContextCache:
         self, conversation_id: int, cutoff: int | None, load: Loader
     ) -> tuple[Entry | None, list[Entry]]:
         self.gets += 1
-        cached = self._ranges.get(conversation_id)
-        if cached is not None and cached.ready and not cached.stale:
-            self._ranges.move_to_end(conversation_id)
-            if cutoff is None:
-                return cached.head, list(cached.entries)
-            return cached.head, cached.entries[: bisect.bisect_right(cached.ids, cutoff)]
+        need: int | None = None  # the share of the miss budget taken, once admitted
+        while True:
+            cached = self._ranges.get(conversation_id)
+            if cached is not None and cached.ready and not cached.stale:
+                if need is not None:  # read by another step while this one waited
+                    self._give_back(need)
+                self._ranges.move_to_end(conversation_id)
+                if cutoff is None:
+                    return cached.head, list(cached.entries)
+                return cached.head, cached.entries[: bisect.bisect_right(cached.ids, cutoff)]
+            if need is not None:
+                break
+            known = self._sizes.get(conversation_id)
+            if cached is not None and cached.ready:
+                need = cached.size
+            else:
+                need = known[3] if known is not None else MISS_GUESS
+            await self._admit(need)
         self._drop(conversation_id)
-        fresh = _Range(head=None, entries=[])
+        fresh = _Range(head=None, entries=[], admitted=need, admitted_any=True)
         self._ranges[conversation_id] = fresh  # buffer what is published while we read
         self._ranges.move_to_end(conversation_id)
         self.reads += 1
@@ -209,6 +327,7 @@ class ContextCache:
         except BaseException:
             if self._ranges.get(conversation_id) is fresh:
                 del self._ranges[conversation_id]
+            self._unadmit(fresh)
             raise
         if self._ranges.get(conversation_id) is fresh and not fresh.stale:
             fresh.head = head
@@ -220,9 +339,15 @@ class ContextCache:
             fresh.pending = []
             fresh.ready = True
             self._bytes += fresh.size
+            self._missing += fresh.size - fresh.admitted  # its share is now what it really holds
+            fresh.admitted = fresh.size
+            # The caller takes its view right after this returns (no await between); see `_settle`.
+            asyncio.get_running_loop().call_soon(self._settle, fresh)
             self._shrink()
-        elif self._ranges.get(conversation_id) is fresh:
-            del self._ranges[conversation_id]
+        else:
+            if self._ranges.get(conversation_id) is fresh:
+                del self._ranges[conversation_id]
+            self._unadmit(fresh)  # not kept, so not watched: its caller's use is not counted
         if cutoff is None:
             return head, entries
         return head, [e for e in entries if e.id <= cutoff]
