@@ -376,3 +376,121 @@ async def test_a_generation_holds_its_context_only_while_it_uses_it() -> None:
     assert len(in_use_at["snapshot"]) >= 6 and set(in_use_at["snapshot"]) == {0}
     await assert_agrees(harness, root.id)
     await harness.close()
+
+
+async def _two_conversations(cache_kwargs: dict[str, Any]) -> tuple[Harness, ContextCache, int, int]:
+    harness = await Harness.open(await MemoryStorage.open())
+    harness.context_cache = cache = ContextCache(**cache_kwargs)
+    harness.session.subscribe(cache.on_publication)
+    root = await harness.root()
+    other = (await harness.create_conversation()).id
+    for n in range(3):
+        await note(harness, root.id, f"a{n}: " + "a" * 400)
+        await note(harness, other, f"b{n}: " + "b" * 400)
+    return harness, cache, root.id, other
+
+
+async def test_a_miss_waits_while_misses_in_use_fill_their_budget_and_goes_on_once_one_is_let_go() -> None:
+    # A cohort of generations that all miss would each hold a whole context the cache could not keep: misses in
+    # use share a budget (here: one range at a time), hits never wait.
+    harness, cache, first, second = await _two_conversations({"miss_bytes": 1, "admit_wait": 30.0})
+    held = await load_context(harness, first)
+    assert cache.missing[0] == 1
+    waiting = asyncio.ensure_future(load_context(harness, second))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done() and cache.admit_waits == 1
+    again = await load_context(harness, first)  # a hit: served at once
+    assert again.entries[-1].id == held.entries[-1].id
+    del held, again
+    view = await asyncio.wait_for(waiting, 5)
+    assert cache.missing[0] == 1 and cache.admit_timeouts == 0
+    assert view == derive_context(*await read_active_range(harness, second, None))
+    del view, waiting
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0)
+    await assert_agrees(harness, first)
+    await harness.close()
+
+
+async def test_the_wait_for_the_miss_budget_is_bounded() -> None:
+    # A step holding one context that asks for another would otherwise wait for itself.
+    harness, cache, first, second = await _two_conversations({"miss_bytes": 1, "admit_wait": 0.05})
+    held = await load_context(harness, first)
+    view = await asyncio.wait_for(load_context(harness, second), 5)
+    assert (cache.admit_waits, cache.admit_timeouts) == (1, 1)
+    assert cache.missing[0] == 2  # over the budget, counted
+    assert view == derive_context(*await read_active_range(harness, second, None))
+    del held, view
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0)
+    await harness.close()
+
+
+async def test_a_miss_whose_caller_takes_no_view_or_whose_read_fails_gives_its_share_back() -> None:
+    harness, cache, first, second = await _two_conversations({"max_bytes": 500, "miss_bytes": 1})
+    await assert_agrees(harness, first)  # bigger than the whole cache: used, not kept, no view watched
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0) and cache.size == (0, 0)
+
+    async def failing() -> tuple[Entry | None, list[Entry]]:
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError):
+        await cache.get(second, None, failing)
+    assert cache.missing == (0, 0)
+    view = await asyncio.wait_for(load_context(harness, second), 5)  # not blocked by either
+    assert cache.admit_waits == 0 and view.entries
+    await harness.close()
+
+
+async def test_a_miss_waiting_while_another_step_reads_the_same_range_is_served_from_it() -> None:
+    harness, cache, first, second = await _two_conversations({"miss_bytes": 1, "admit_wait": 30.0})
+    held = await load_context(harness, first)
+    one = asyncio.ensure_future(load_context(harness, second))
+    two = asyncio.ensure_future(load_context(harness, second))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    del held
+    first_view = await asyncio.wait_for(one, 5)
+    del one
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not two.done()  # the first view holds the budget
+    del first_view
+    second_view = await asyncio.wait_for(two, 5)
+    assert cache.reads == 2  # the second waiter found the range the first one read: a hit
+    assert second_view == derive_context(*await read_active_range(harness, second, None))
+    del second_view, two
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0)
+    await harness.close()
+
+
+async def test_generations_that_all_miss_hold_at_most_the_miss_budget_of_contexts_at_once() -> None:
+    # Six conversations answered at once with a cache that keeps one idle range: every step misses. The
+    # model sees at most one context in use at a time (the budget admits one range), and every context read back
+    # equals the one read whole from storage.
+    harness, faux = await open_harness()
+    harness.context_cache = cache = ContextCache(capacity=1, miss_bytes=1, admit_wait=30.0)
+    harness.session.subscribe(cache.on_publication)
+    seen: list[int] = []
+
+    def respond(_request: object) -> object:
+        seen.append(cache.in_use)
+        return faux_assistant("ok")
+
+    faux.set_responder(respond)  # type: ignore[arg-type]
+    conversations = [await harness.root(agent=FAUX)] + [
+        await harness.create_conversation(agent=FAUX) for _ in range(5)
+    ]
+    for round_ in range(2):
+        handles = [await c.submit(Input(f"q{round_}")) for c in conversations]
+        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in handles)), 30)
+    assert len(seen) == 12 and max(seen) == 1
+    assert cache.admit_waits > 0 and cache.admit_timeouts == 0
+    for conversation in conversations:
+        await assert_agrees(harness, conversation.id)
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0)
+    await harness.close()
