@@ -219,6 +219,9 @@ class ContextCache:
     def _give_back(self, share: int) -> None:
         self._missing -= share
         self._missing_ranges -= 1
+        self._wake_soon()
+
+    def _wake_soon(self) -> None:
         if self._waiters and not self._wake_scheduled:
             # May run inside a weak reference's callback (any code, e.g. a collection): wake on the loop's turn.
             try:
@@ -340,6 +343,8 @@ class ContextCache:
             fresh.ready = True
             self._bytes += fresh.size
             self._missing += fresh.size - fresh.admitted  # its share is now what it really holds
+            if fresh.size < fresh.admitted:
+                self._wake_soon()  # reckoned bigger than it is: room for a waiter
             fresh.admitted = fresh.size
             # The caller takes its view right after this returns (no await between); see `_settle`.
             asyncio.get_running_loop().call_soon(self._settle, fresh)

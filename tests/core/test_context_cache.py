@@ -494,3 +494,35 @@ async def test_generations_that_all_miss_hold_at_most_the_miss_budget_of_context
     await asyncio.sleep(0)
     assert cache.missing == (0, 0)
     await harness.close()
+
+
+async def test_a_miss_reckoned_bigger_than_it_reads_makes_room_for_a_waiter_at_once() -> None:
+    # Ranges never counted before are reckoned at MISS_GUESS; once read, their share is their real size.
+    budget = context_cache_module.MISS_GUESS + 5_000
+    harness, cache, first, second = await _two_conversations({"miss_bytes": budget, "admit_wait": 30.0})
+    release = asyncio.Event()
+
+    async def slow_read() -> tuple[Entry | None, list[Entry]]:
+        await release.wait()
+        return await read_active_range(harness, first, None)
+
+    async def first_view() -> Any:  # as `load_context` does, with a read that waits
+        head, entries = await cache.get(first, None, slow_read)
+        return cache.derived(first, entries, lambda: derive_context(head, entries))
+
+    one = asyncio.ensure_future(first_view())
+    await asyncio.sleep(0)
+    two = asyncio.ensure_future(load_context(harness, second))  # two guesses do not fit: it waits
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert cache.admit_waits == 1 and not two.done()
+    release.set()
+    held = await asyncio.wait_for(one, 5)  # the first range stays in use
+    view = await asyncio.wait_for(two, 5)
+    assert cache.admit_timeouts == 0
+    assert cache.missing[0] == 2 and cache.missing[1] < budget
+    assert held == derive_context(*await read_active_range(harness, first, None)) and view.entries
+    del held, view, one, two
+    await asyncio.sleep(0)
+    assert cache.missing == (0, 0)
+    await harness.close()
