@@ -89,6 +89,8 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     samples.append((0, rss_bytes()))
     blocks = [sys.getallocatedblocks()]  # live objects: flat while RSS steps means the allocator kept pages
+    waits = [0]  # misses that waited for the context cache's miss budget, so far
+    peaks = [0]  # the most contexts read on a miss in use at once, since the sample before
     while sent < total:
         wave = min(channels, total - sent)
         for offset in range(wave):
@@ -103,6 +105,10 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
             gc.collect()
             samples.append((sent, rss_bytes()))
             blocks.append(sys.getallocatedblocks())
+            cache = harness.context_cache
+            waits.append(cache.admit_waits)
+            peaks.append(cache.missing_peak)
+            cache.missing_peak = cache.missing[0]
     answered = transport.creates
     cache = harness.context_cache
     await bridge.stop()
@@ -115,6 +121,8 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
         "admit_waits": cache.admit_waits,
         "admit_timeouts": cache.admit_timeouts,
         "blocks": blocks,
+        "waits": waits,
+        "peaks": peaks,
         "seconds": time.monotonic() - started,
     }
 
@@ -169,6 +177,11 @@ async def run(options: Options) -> Report:
     report.note(
         "Live Python objects (sys.getallocatedblocks, thousands) at the same samples: "
         + ", ".join(f"{b / 1000:.0f}" for b in result["blocks"])
+    )
+    report.note(
+        "Misses that waited for the miss budget, so far / the most contexts read on a miss in use at once since "
+        "the sample before: "
+        + ", ".join(f"{w}/{p}" for w, p in zip(result["waits"], result["peaks"], strict=True))
     )
     report.goal(
         "the second half of the messages grows RSS by under 5 MB",

@@ -120,6 +120,7 @@ class ContextCache:
         self.reads = 0  # and of those read from storage (misses),
         self.admit_waits = 0  # misses that waited for the miss budget,
         self.admit_timeouts = 0  # and of those went over it after `admit_wait`
+        self.missing_peak = 0  # the most ranges holding the miss budget at once (a benchmark may reset it)
         self._missing = 0  # bytes of the miss budget held (see the module docstring)
         self._missing_ranges = 0  # and by how many ranges
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -215,6 +216,7 @@ class ContextCache:
     def _take(self, need: int) -> None:
         self._missing += need
         self._missing_ranges += 1
+        self.missing_peak = max(self.missing_peak, self._missing_ranges)
 
     def _give_back(self, share: int) -> None:
         self._missing -= share
