@@ -89,6 +89,8 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
     samples.append((0, rss_bytes()))
     blocks = [sys.getallocatedblocks()]  # live objects: flat while RSS steps means the allocator kept pages
+    waits = [0]  # misses that waited for the context cache's miss budget, so far
+    peaks = [0]  # the most contexts read on a miss in use at once, since the sample before
     while sent < total:
         wave = min(channels, total - sent)
         for offset in range(wave):
@@ -103,6 +105,10 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
             gc.collect()
             samples.append((sent, rss_bytes()))
             blocks.append(sys.getallocatedblocks())
+            cache = harness.context_cache
+            waits.append(cache.admit_waits)
+            peaks.append(cache.missing_peak)
+            cache.missing_peak = cache.missing[0]
     answered = transport.creates
     cache = harness.context_cache
     await bridge.stop()
@@ -112,7 +118,11 @@ async def measure(args: dict[str, Any]) -> dict[str, Any]:
         "answered": answered,
         "reads": cache.reads,
         "gets": cache.gets,
+        "admit_waits": cache.admit_waits,
+        "admit_timeouts": cache.admit_timeouts,
         "blocks": blocks,
+        "waits": waits,
+        "peaks": peaks,
         "seconds": time.monotonic() - started,
     }
 
@@ -156,11 +166,22 @@ async def run(options: Options) -> Report:
     )
     report.add("answers delivered", result["answered"], "messages")
     report.add("contexts read from storage (cache misses)", result["reads"], f"of {result['gets']:,} gets")
+    report.add(
+        "misses that waited for the miss budget",
+        result["admit_waits"],
+        "misses",
+        f"{result['admit_timeouts']:,} of them went over it after the wait limit",
+    )
     report.add("wall time of the child", result["seconds"], "s")
     report.note("RSS samples (messages: MiB): " + ", ".join(f"{n}: {rss / 2**20:.1f}" for n, rss in samples))
     report.note(
         "Live Python objects (sys.getallocatedblocks, thousands) at the same samples: "
         + ", ".join(f"{b / 1000:.0f}" for b in result["blocks"])
+    )
+    report.note(
+        "Misses that waited for the miss budget, so far / the most contexts read on a miss in use at once since "
+        "the sample before: "
+        + ", ".join(f"{w}/{p}" for w, p in zip(result["waits"], result["peaks"], strict=True))
     )
     report.goal(
         "the second half of the messages grows RSS by under 5 MB",

@@ -115,13 +115,15 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             await runtime.commit(lambda tx, t: _fail_run(tx, t, "model_error", overflow_text))
             return
 
-    view = await load_context(harness, task.conversation_id)
     env = None
     try:
         env = await harness.make_env(task.conversation_id)
     except Exception as exc:
         harness.report(exc)
     sections = await render_sections(agent, task.conversation_id, env, harness.report)
+    # The context is read after the awaits above and let go before the commit below: a step holding a context
+    # keeps it in the context cache's use (or alive after it left), so it is held only while it is used.
+    view = await load_context(harness, task.conversation_id)
     drafts = plan_system(view, agent, sections)
 
     settings = harness.settings
@@ -147,6 +149,8 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             background = not live.get("compactions")
 
     model_json = {"provider": agent.model.provider, "model_id": agent.model.model_id}
+    known_tail = max([e.id for e in view.entries] + [0])
+    del view
 
     async def commit(tx: Tx, t: Task) -> Checkpoint:
         for draft in drafts:
@@ -168,7 +172,7 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
             live.value.setdefault("compactions", []).append(
                 {"task_id": compaction.id, "reason": "threshold", "blocking": False, "attempt": 1}
             )
-        tail = max([e.id for e in tx.appended_entries()] + [e.id for e in view.entries] + [0])
+        tail = max([e.id for e in tx.appended_entries()] + [known_tail])
         return Checkpoint(
             {
                 "phase": "request",
@@ -241,10 +245,12 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
     if info is None:
         await runtime.commit(lambda tx, t: _fail_run(tx, t, "no_model", f"unknown model {ref}"))
         return
+    agent = await harness.resolve_agent(task.conversation_id)
+    provider_doc = await harness.snapshot(ProviderDoc, task.conversation_id) or {}
+    # Read last before the model call (not across the awaits above), see `_prepare`.
     view = await load_context(harness, task.conversation_id, int(checkpoint["cutoff"]))
     prompt = replay_system(view.messages)
     messages: list[Message] = provider_messages(view.messages)
-    agent = await harness.resolve_agent(task.conversation_id)
     for before in agent.hooks("core.generation", "before_request"):
         try:
             replaced = before({"messages": list(messages)}, runtime)
@@ -256,7 +262,6 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
             raise
         except Exception as exc:
             harness.report(exc)
-    provider_doc = await harness.snapshot(ProviderDoc, task.conversation_id) or {}
     request = ModelRequest(
         system_prompt=prompt.system_prompt(),
         messages=messages,
@@ -266,6 +271,9 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
         options=dict(checkpoint.get("stream_options") or {}),
     )
     final = await _stream(harness, runtime, task, ref, request)
+    # The context was in use while the model answered from it; the commits below only need the answer.
+    offered = [t.name for t in prompt.tools]
+    del view, messages, request, prompt
     for observer in agent.hooks("core.generation", "after_response"):
         try:
             result = observer(final, runtime)
@@ -275,7 +283,7 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
             raise
         except Exception as exc:
             harness.report(exc)
-    await _classify(harness, runtime, task, final, attempt, checkpoint, [t.name for t in prompt.tools], agent)
+    await _classify(harness, runtime, task, final, attempt, checkpoint, offered, agent)
 
 
 async def _stream(

@@ -169,14 +169,19 @@ class HTTPProvider(ABC):
 
     async def stream(self, model: ModelInfo, request: ModelRequest) -> AsyncGenerator[AssistantMessage, None]:
         url, headers, body = self._prepare(model, request)
-        headers = {**headers, **self._extra_headers}
+        # The body is encoded here (as httpx's `json=` would) and its tree of dicts let go before the response
+        # streams: it is a copy of the whole context in small objects, and requests in flight at once each held
+        # one for the whole answer (issue 12: peaks of live objects become memory the allocator keeps).
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        del body
+        headers = {"Content-Type": "application/json", **headers, **self._extra_headers}
         message = AssistantMessage(provider=self.name, model=model.id)
         parser = self._parser(message, model)
         classifier = self._classifier
         error: ErrorInfo | None = None
         mid_stream = False
         try:
-            async with self._http().stream("POST", url, json=body, headers=headers) as response:
+            async with self._http().stream("POST", url, content=content, headers=headers) as response:
                 if response.status_code >= 400:
                     raw = (await response.aread()).decode("utf-8", "replace")
                     error = classifier.http_error(response.status_code, response.headers, raw)

@@ -821,3 +821,38 @@ async def test_minimal_reasoning_effort(
     route = mock.post(URL).mock(return_value=sse_response(text_body("ok")))
     await run(provider, ask(reasoning="minimal"), model_id)
     assert request_json(route)["reasoning_effort"] == effort
+
+
+async def test_the_request_body_is_let_go_before_the_answer_streams(mock: respx.MockRouter) -> None:
+    # The body is a copy of the whole context in small objects; each request in flight held one for the whole
+    # answer (issue 12). Sent as the same JSON, it is gone by the first partial.
+    import gc
+    import weakref
+
+    class Body(dict[str, Any]):
+        pass
+
+    bodies: list[weakref.ref[Body]] = []
+
+    class Watched(OpenAIProvider):
+        def _prepare(
+            self, model: ModelInfo, request: ModelRequest
+        ) -> tuple[str, dict[str, str], dict[str, Any]]:
+            url, headers, body = super()._prepare(model, request)
+            watched = Body(body)
+            bodies.append(weakref.ref(watched))
+            return url, headers, watched
+
+    provider = Watched(api_key=KEY, base_url=BASE)
+    route = mock.post(URL).mock(return_value=sse_response(text_body("Hel", "lo")))
+    alive_at_partials: list[bool] = []
+    async for item in provider.stream(provider.model("gpt-4o"), ask("the context")):
+        gc.collect()
+        alive_at_partials.append(bodies[0]() is not None)
+        if item.stop_reason is not None:
+            assert item.text() == "Hello"
+    await provider.aclose()
+    assert alive_at_partials and not any(alive_at_partials)
+    sent = request_json(route)
+    assert sent["messages"] == [{"role": "user", "content": "the context"}]
+    assert route.calls.last.request.headers["content-type"] == "application/json"
