@@ -57,6 +57,7 @@ class Partition:
     desk: OperatorDesk
     gone: asyncio.Future[str]  # the lease was lost or the harness closed: this partition must stop
     unsubscribe: Callable[[], None]
+    ops: OpsContext  # what its tools read: the store-wide reader, so history searches see every partition
 
 
 class PartitionHost:
@@ -182,7 +183,7 @@ class PartitionHost:
             )
         harness.closed.add_done_callback(lambda _closed: stop_with("its storage closed"))
         desk = OperatorDesk(handle, harness, bridge)
-        return Partition(number, handle, harness, bridge, desk, gone, unsubscribe)
+        return Partition(number, handle, harness, bridge, desk, gone, unsubscribe, ctx)
 
     async def lose(self, number: int, handle: Any) -> None:
         """Close the partition: the router stops feeding it, its bridge stops (no more deliveries), its harness

@@ -13,11 +13,13 @@ from bots_cli_support import bot_env, cli, shipped_config_in, toml_value
 from adapters.bridge import Router
 from bots.config import load_config
 from bots.metrics import BotMetrics
+from bots.ops import search_conversations
 from bots.partition_stack import PartitionHost, cache_share
 from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
 from bots.workers import IngressPruner, owned_line, rescue_grace
-from harness_core import HarnessSettings
+from harness_core import CORE_USER, HarnessSettings
+from harness_core.messages import UserMessage
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
 PARTITIONS = 4
@@ -91,6 +93,18 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         # The others still commit.
         for number in (0, 1, 3):
             assert await host.parts[number].bridge.watching_since("test", f"w{number}") > 0
+        # A history search run by partition 1's tools finds what partition 3 recorded (a read, no lease).
+        three = host.parts[3].harness
+        conversation = await three.create_conversation()
+        await three.commit(
+            lambda tx: tx.append_messages(
+                conversation.id, CORE_USER, [UserMessage(content="the checkout canary rolled back")]
+            )
+        )
+        one = host.parts[1]
+        assert one.ops.storage.partition is None and one.ops.storage.read_only
+        hits = await search_conversations(one.harness, one.ops.storage, "canary")
+        assert [hit["text"] for hit in hits] == ["the checkout canary rolled back"]
         # SIGHUP: a reloaded [answer] reaches every partition's bridge (and those opened later).
         source = Path(config.source)
         edited = source.read_text().replace('mode = "all"', 'mode = "mentions"', 1)  # noqa: ASYNC240 (tiny file)
