@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from adapters.bridge import Bridge
+from bots.background import OwnedLoop
 from harness_core import Harness, InvalidOperation, NotFound, Task
 from harness_core.messages import ToolCall
 from harness_core.storage import OperatorRequest, OperatorRequests
@@ -116,24 +117,16 @@ async def carry_out(harness: Harness, bridge: Bridge, request: OperatorRequest) 
     return "failed", {"message": f"unknown operator request {request.kind!r}"}
 
 
-class OperatorDesk:
+class OperatorDesk(OwnedLoop):
     """In the running bot: polls the storage for operator requests and carries them out, one at a time.
     Owns its polling task (`start()` / `stop()`)."""
+
+    task_name = "operator-desk"
 
     def __init__(self, storage: OperatorRequests, harness: Harness, bridge: Bridge) -> None:
         self.storage = storage
         self.harness = harness
         self.bridge = bridge
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="operator-desk")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.bridge import ApprovalPolicy, Bridge, BridgeConfig, Router
+from bots.background import OwnedLoop
 from bots.config import BotConfig
 from bots.metrics import BotMetrics
 from bots.operator_requests import OperatorDesk
@@ -215,22 +216,14 @@ def _report(error: BaseException) -> None:
     log.warning("%s", error)
 
 
-class Desks:
+class Desks(OwnedLoop):
     """Operator requests (`retry`, `cancel`, `approvals decide`) are queued in the partition of their target;
     this polls the owned partitions and lets each partition's desk carry its requests out. Owns its task."""
 
+    task_name = "operator-desks"
+
     def __init__(self, host: PartitionHost) -> None:
         self.host = host
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="operator-desks")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def _run(self) -> None:
         while True:

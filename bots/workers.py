@@ -33,6 +33,7 @@ from adapters.bridge import Router
 from adapters.health import health_of
 from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
+from bots.background import OwnedLoop
 from bots.config import BotConfig
 from bots.metrics import BotMetrics
 from bots.partition_stack import Desks, PartitionHost
@@ -90,10 +91,12 @@ def owned_line(owned: int, partitions: int, *, connected: bool = False) -> str:
     return f"durable-bots: worker owns {owned} of {partitions} partitions"
 
 
-class IngressPruner:
+class IngressPruner(OwnedLoop):
     """Deletes ingress records finished more than `keep` seconds ago, every `every` seconds (any worker may:
     it is one idempotent statement). Kept a day by default: longer than any platform re-sends an event, so a
     late duplicate still finds its key. Owns its task."""
+
+    task_name = "ingress-pruner"
 
     def __init__(
         self, store: PostgresStore, *, keep: float = INGRESS_KEEP, every: float = PRUNE_EVERY
@@ -102,16 +105,6 @@ class IngressPruner:
         self.keep = keep
         self.every = every
         self.pruned = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="ingress-pruner")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def _run(self) -> None:
         while True:
