@@ -14,27 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pg_commit_cutter import CommitCutter
+from pg_partition_support import expire, open_handle
 
 from harness_core.errors import LeaseLost, StorageClosed, StorageError, StorageRequestError, StrictJsonError
 from harness_core.records import Conversation, Task, TaskState
 from harness_core.storage import CommitBatch, PostgresStorage, PostgresStore, redact_url
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate
-
-
-async def open_handle(store: PostgresStore, partition: int) -> PostgresStorage:
-    handle = await store.open_partition(partition)
-    assert isinstance(handle, PostgresStorage), handle
-    return handle
-
-
-async def expire(url: str, partition: int) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            "UPDATE leases SET expires_at = now() - interval '1 second' WHERE partition = $1", partition
-        )
-    finally:
-        await conn.close()
 
 
 async def waiting_on_locks(admin: asyncpg.Connection) -> int:

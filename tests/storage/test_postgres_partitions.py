@@ -8,6 +8,7 @@ import asyncio
 
 import asyncpg
 import pytest
+from pg_partition_support import expire, open_handle
 
 from harness_core import EntryDraft, Harness, InvalidOperation, Tx, partition_of_id, partition_of_key
 from harness_core.errors import LeaseLost, StorageError, StorageLocked, StorageRequestError
@@ -21,23 +22,6 @@ from harness_core.storage import (
     PostgresStore,
 )
 from harness_core.storage._postgres_schema import migrate
-
-
-async def open_handle(store: PostgresStore, partition: int) -> PostgresStorage:
-    handle = await store.open_partition(partition)
-    assert isinstance(handle, PostgresStorage), handle
-    return handle
-
-
-async def expire(url: str, partition: int) -> None:
-    """What a paused holder looks like from outside: its lease ran out by the server's clock."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            "UPDATE leases SET expires_at = now() - interval '1 second' WHERE partition = $1", partition
-        )
-    finally:
-        await conn.close()
 
 
 def live_task(task_id: int, conversation_id: int) -> Task:
