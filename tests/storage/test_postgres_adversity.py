@@ -70,6 +70,20 @@ async def test_a_close_racing_a_commit_never_lowers_the_stored_next_id(pg_url: s
         await store.close()
 
 
+async def assert_landed_and_kept(url: str) -> None:
+    """Conversation 5 (committed with next id 9 in partition 1 of 4) landed, and the stored next id stayed above
+    it, so a successor can never mint it again."""
+    check = await PostgresStore.open(url, partitions=4)
+    try:
+        assert (await check.read_meta(1)).next_id >= 9
+        successor = await open_handle(check, 1)
+        assert await successor.conversation(5) is not None
+        assert (await successor.meta()).next_id >= 9
+        await successor.close()
+    finally:
+        await check.close()
+
+
 async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id(pg_url: str) -> None:
     # The connection drops after the server committed but before the answer: the handle cannot know the
     # commit landed. Its close must not then store its stale exact next id below the ids that commit used
@@ -83,15 +97,7 @@ async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id
             await handle.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
         assert cutter.cut == 1
         await handle.close()
-        check = await PostgresStore.open(pg_url, partitions=4)
-        try:
-            assert (await check.read_meta(1)).next_id >= 9
-            successor = await open_handle(check, 1)
-            assert await successor.conversation(5) is not None  # it did land
-            assert (await successor.meta()).next_id >= 9
-            await successor.close()
-        finally:
-            await check.close()
+        await assert_landed_and_kept(pg_url)
     finally:
         await store.close()
         await cutter.close()
@@ -115,14 +121,7 @@ async def test_a_cancelled_commit_that_lands_later_never_lowers_the_stored_next_
         await asyncio.sleep(1.5)  # the held COMMIT lands now
         assert cutter.cut == 1
         await handle.close()
-        check = await PostgresStore.open(pg_url, partitions=4)
-        try:
-            successor = await open_handle(check, 1)
-            assert await successor.conversation(5) is not None  # it did land
-            assert (await successor.meta()).next_id >= 9
-            await successor.close()
-        finally:
-            await check.close()
+        await assert_landed_and_kept(pg_url)
     finally:
         await store.close()
         await cutter.close()
