@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,43 +159,29 @@ async def turn_costs(
                 await asyncio.sleep(idle_seconds)
                 idle = await probe.since(start, time.monotonic() - began)
 
-                before = await bot.metrics()
-                cpu = bot_cpu()
-                start, began = await probe.mark(), time.monotonic()
-                for n in range(turns):
-                    await answered_turn(n)
-                await asyncio.sleep(0.5)
-                activity = await probe.since(start, time.monotonic() - began)
-                after = await bot.metrics()
-                per_turn = PerUnit.of(activity, turns, idle)
-                per_turn.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / turns
-                per_turn.bot_commits = (after[COMMITS] - before[COMMITS]) / turns
-
-                before = after
-                cpu = bot_cpu()
-                start, began = await probe.mark(), time.monotonic()
-                for n in range(turns):
-                    await plain_turn(n)
-                await asyncio.sleep(0.5)
-                activity = await probe.since(start, time.monotonic() - began)
-                after = await bot.metrics()
-                per_plain = PerUnit.of(activity, turns, idle)
-                per_plain.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / turns
-                per_plain.bot_commits = (after[COMMITS] - before[COMMITS]) / turns
-
-                cpu = bot_cpu()
-                start, began = await probe.mark(), time.monotonic()
-                for n in range(recorded):
+                async def recorded_message(n: int) -> None:
                     post = await fake.user_posts(
                         channels[n % CHANNELS], users[n % CHANNELS], f"message {n}: all fine"
                     )
                     await post.wait_acked(30)
-                await asyncio.sleep(0.5)
-                activity = await probe.since(start, time.monotonic() - began)
-                again = await bot.metrics()
-                per_message = PerUnit.of(activity, recorded, idle)
-                per_message.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / recorded
-                per_message.bot_commits = (again[COMMITS] - after[COMMITS]) / recorded
+
+                async def per_unit(unit: Callable[[int], Awaitable[None]], count: int) -> PerUnit:
+                    """What `count` units cost the server and the bot, the idle background subtracted."""
+                    before, cpu = await bot.metrics(), bot_cpu()
+                    start, began = await probe.mark(), time.monotonic()
+                    for n in range(count):
+                        await unit(n)
+                    await asyncio.sleep(0.5)
+                    activity = await probe.since(start, time.monotonic() - began)
+                    after = await bot.metrics()
+                    measured = PerUnit.of(activity, count, idle)
+                    measured.worker_cpu_ms = (bot_cpu() - cpu) * 1000 / count
+                    measured.bot_commits = (after[COMMITS] - before[COMMITS]) / count
+                    return measured
+
+                per_turn = await per_unit(answered_turn, turns)
+                per_plain = await per_unit(plain_turn, turns)
+                per_message = await per_unit(recorded_message, recorded)
             finally:
                 await bot.stop()
         return TurnCosts(per_turn, per_plain, per_message, idle)
