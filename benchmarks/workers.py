@@ -56,6 +56,7 @@ class Outcome:
     workers: int
     partitions: int | None
     latencies: list[float] = field(default_factory=list)  # per event: scheduled arrival -> ack, seconds
+    send_lags: list[float] = field(default_factory=list)  # per event: scheduled arrival -> the fake sent it
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0  # the load's length (first arrival to the last send)
     asked: int = 0  # mentions posted: answers expected
@@ -214,6 +215,7 @@ async def one_case(
                     settled = await attempt.wait_settled(60)
                     if settled == "acked" and attempt.acked_at is not None:
                         outcome.latencies.append(attempt.acked_at - arrival)
+                        outcome.send_lags.append(attempt.sent_at - arrival)
                         if attempt.connection_id is not None:
                             connection = attempt.connection_id
                             outcome.per_connection[connection] = outcome.per_connection.get(connection, 0) + 1
@@ -335,6 +337,12 @@ async def run(options: Options) -> Report:
         report.add(f"{name}: intake p50", median(lat) * 1000, "ms")
         report.add(f"{name}: intake p99", percentile(lat, 99) * 1000, "ms", f"{len(lat)} events acked")
         report.add(f"{name}: intake max", max(lat, default=float("nan")) * 1000, "ms")
+        report.add(
+            f"{name}: of which before the fake sent it, p99",
+            percentile(outcome.send_lags, 99) * 1000,
+            "ms",
+            "the benchmark's own lag: scheduled arrival -> the envelope written to a connection",
+        )
         report.add(
             f"{name}: answered turns/s",
             outcome.answered_in_load / outcome.seconds,
