@@ -30,6 +30,9 @@ model = "faux:demo"
 url = {url}
 lease_ttl = {ttl}
 {partitions}
+[workers]
+intake = "{intake}"
+
 [answer]
 mode = "mentions"
 
@@ -86,7 +89,14 @@ class BotProcess:
     """One `python -m bots run --adapter slack` process."""
 
     def __init__(
-        self, name: str, scratch: Path, url: str, *, mode: str = "socket", partitions: int | None = None
+        self,
+        name: str,
+        scratch: Path,
+        url: str,
+        *,
+        mode: str = "socket",
+        partitions: int | None = None,
+        intake: str = "shared",
     ) -> None:
         self.name = name
         self.admin_port = free_port()
@@ -107,6 +117,7 @@ class BotProcess:
                 admin_port=self.admin_port,
                 mode=mode,
                 http_port=self.http_port,
+                intake=intake,
             )
         )
 

@@ -55,6 +55,7 @@ class Outcome:
 
     workers: int
     partitions: int | None
+    intake: str = "shared"  # `[workers] intake`: "separate" takes Slack events in a child process per worker
     latencies: list[float] = field(default_factory=list)  # per event: scheduled arrival -> ack, seconds
     send_lags: list[float] = field(default_factory=list)  # per event: scheduled arrival -> the fake sent it
     failed: list[str] = field(default_factory=list)
@@ -153,20 +154,33 @@ async def ingress_records(url: str) -> int:
 
 
 def process_cpu(pids: list[int]) -> float:
+    """CPU seconds of these processes and their children (a worker's separate intake process)."""
     total = 0.0
     for pid in pids:
         try:
-            times = psutil.Process(pid).cpu_times()
+            process = psutil.Process(pid)
+            family = [process, *process.children(recursive=True)]
         except psutil.Error:
             continue
-        total += times.user + times.system
+        for member in family:
+            try:
+                times = member.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
     return total
 
 
 async def one_case(
-    server: Server, probe: Probe, options: Options, workers: int, partitions: int | None, count: int
+    server: Server,
+    probe: Probe,
+    options: Options,
+    workers: int,
+    partitions: int | None,
+    count: int,
+    intake: str = "shared",
 ) -> Outcome:
-    outcome = Outcome(workers, partitions)
+    outcome = Outcome(workers, partitions, intake)
     scratch = options.scratch(NAME)
     bots: list[BotProcess] = []
     try:
@@ -174,7 +188,10 @@ async def one_case(
             places = [fake.add_channel(f"bench-{n}") for n in range(CHANNELS)]
             users = [fake.add_user(f"U{n:03d}", name=f"user{n}") for n in range(USERS)]
             env = {**os.environ, **fake.env, "DURABLE_BOTS_DEMO_DELAY_MS": "0"}
-            bots = [BotProcess(f"worker-{n}", scratch, url, partitions=partitions) for n in range(workers)]
+            bots = [
+                BotProcess(f"worker-{n}", scratch, url, partitions=partitions, intake=intake)
+                for n in range(workers)
+            ]
             for bot in bots:  # one after another: the first creates the store, the others join it
                 await bot.start(env)
                 await bot.wait_for(READY, 120)

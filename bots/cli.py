@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="slack, discord or devchat; repeat for several (default: every [adapters.<name>] table)",
     )
+    run.add_argument("--role", choices=["worker", "intake"], default="worker", help=argparse.SUPPRESS)
     run.add_argument(
         "--no-standby",
         action="store_true",
@@ -165,7 +166,13 @@ async def _dispatch(args: argparse.Namespace, config: BotConfig) -> int:
     env = dict(os.environ)
     out = sys.stdout
     if args.command == "run":
-        return await run_bot(config, args.adapter, env, standby=not args.no_standby)
+        # What a worker repeats for its separate intake process (`[workers] intake = "separate"`).
+        cli_args = [f"--config={args.config}", f"--log-level={args.log_level}"]
+        if args.log_format:
+            cli_args.append(f"--log-format={args.log_format}")
+        return await run_bot(
+            config, args.adapter, env, standby=not args.no_standby, role=args.role, cli_args=cli_args
+        )
     if args.command in ("inspect", "tasks"):
         return await inspect_command(config, env, out, as_json=args.json, only_tasks=args.command == "tasks")
     if args.command == "retry":

@@ -149,6 +149,15 @@ def storage_target_of(url: str, source: str) -> StorageTarget:
 AnswerMode = Literal["mentions", "all", "none"]
 
 
+class WorkersSection(_Section):
+    """Workers sharing a PostgreSQL store split into partitions (`[storage] partitions` > 1)."""
+
+    # "separate": each worker takes its Slack events in (Socket Mode connection or HTTP endpoint, ingress
+    # commit, acknowledgement) in a child process of its own, so an acknowledgement never waits behind this
+    # worker's turns; the worker itself answers and delivers. "shared": one process does both.
+    intake: Literal["shared", "separate"] = "shared"
+
+
 class AnswerSection(_Section):
     mode: AnswerMode = "mentions"
     record_unaddressed: bool = True
@@ -264,6 +273,7 @@ class LoggingSection(_Section):
 class BotConfig(_Section):
     bot: BotSection = Field(default_factory=BotSection)
     storage: StorageSection = Field(default_factory=StorageSection)
+    workers: WorkersSection = Field(default_factory=WorkersSection)
     answer: AnswerSection = Field(default_factory=AnswerSection)
     channels: dict[str, ChannelSection] = Field(default_factory=dict)
     tools: ToolsSection = Field(default_factory=ToolsSection)

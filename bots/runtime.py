@@ -544,13 +544,18 @@ async def run_bot(
     console: Console | None = None,
     stop: asyncio.Event | None = None,
     standby: bool = True,
+    role: str = "worker",
+    cli_args: Sequence[str] = (),
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop` is set): adapters stop first (no new intake), then the bridge,
     then the harness closes (running work is signalled and joined; nothing counts as a crash).
 
     On PostgreSQL a store another process owns is waited for as its standby (no platform connection until
     the lease is ours), unless `standby` is False (exit code 2, like SQLite). Losing the lease while running
-    (paused past the ttl, cut off) stops the process at once, without writing anything more."""
+    (paused past the ttl, cut off) stops the process at once, without writing anything more.
+
+    `role="intake"`: the separate intake process a worker starts (`bots.intake_process`); `cli_args` are the
+    command-line options a worker repeats for it."""
     console = console or Console()
     install_log_redaction()
     names = adapter_names(config, requested)
@@ -559,7 +564,18 @@ async def run_bot(
         raise BotError("; ".join(str(problem) for problem in ambiguous))
     target = config.storage_target(env)
     workers = target.kind == "postgres" and config.storage.partitions > 1
+    separate = workers and config.workers.intake == "separate"
+    if role == "intake":
+        if not separate:
+            raise BotError(
+                "--role intake is the separate intake process of a worker: it needs a PostgreSQL store split "
+                'into partitions and [workers] intake = "separate"'
+            )
+        from bots.intake_process import SEPARATE_ADAPTERS
+
+        names = [name for name in names if name in SEPARATE_ADAPTERS]
     if workers:
+        from bots.intake_process import intake_adapter_options
         from bots.shards import worker_adapter_options  # late: the worker modules build on this one
         from bots.workers import refuse_devchat
 
@@ -570,16 +586,31 @@ async def run_bot(
         options = config.adapter_options(name)
         if workers:
             options = worker_adapter_options(name, options)
+        if separate:
+            options = intake_adapter_options(name, options, child=role == "intake")
         try:
             adapter = factories[name](options, env)
         except Exception as exc:
             raise BotError(str(adapter_problem(config, name, exc))) from None
         adapters.append((adapter, options))
+    if role == "intake":
+        from bots.intake_process import run_intake
+
+        assert target.url is not None
+        return await run_intake(config, adapters, env, target.url, console=console, stop=stop)
     if workers:  # a store split into partitions: this process is one of the workers sharing them
+        from bots.intake_process import SEPARATE_ADAPTERS, child_argv
         from bots.workers import run_workers
 
         assert target.url is not None
-        return await run_workers(config, adapters, env, target.url, console=console, stop=stop)
+        intake_argv = None
+        if separate and any(name in SEPARATE_ADAPTERS for name in names):
+            intake_argv = child_argv(
+                [*cli_args, *(f"--adapter={n}" for n in names if n in SEPARATE_ADAPTERS)]
+            )
+        return await run_workers(
+            config, adapters, env, target.url, console=console, stop=stop, intake_argv=intake_argv
+        )
     metrics = BotMetrics()
     started: list[Adapter] = []
     phase = ["starting"]  # readiness: "starting" -> "" (ready) -> "stopping"

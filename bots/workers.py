@@ -35,6 +35,7 @@ from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
 from bots.background import OwnedLoop
 from bots.config import BotConfig
+from bots.intake_process import IntakeChild
 from bots.metrics import BotMetrics
 from bots.partition_stack import Desks, PartitionHost
 from bots.reload import Reloads
@@ -147,10 +148,14 @@ class OwnershipReport:
 
 
 def worker_readiness(
-    host: PartitionHost, adapters: Sequence[Adapter], phase: Sequence[str]
+    host: PartitionHost,
+    adapters: Sequence[Adapter],
+    phase: Sequence[str],
+    intake: Sequence[IntakeChild] = (),
 ) -> Callable[[], Awaitable[dict[str, str]]]:
     """`/readyz` of a worker: not ready while starting or stopping, while it owns no partition (a standby),
-    while a partition's storage cannot serve, or while an adapter is not connected."""
+    while a partition's storage cannot serve, while an adapter is not connected, or while its separate intake
+    process is not running."""
 
     async def check() -> dict[str, str]:
         problems: dict[str, str] = {}
@@ -166,9 +171,15 @@ def worker_readiness(
         for adapter in adapters:
             if getattr(adapter, "shard_ids", None) == []:
                 continue  # runs no Discord shard here: the other workers hold the gateway sessions
+            if getattr(adapter, "listening", True) is False:
+                continue  # its events come in through the separate intake process (below)
             health = health_of(adapter)
             if health is not None and not health.connected:
                 problems[adapter.name] = f"not connected to {health.platform}"
+        for child in intake:
+            problem = child.problem()
+            if problem:
+                problems["intake"] = problem
         return problems
 
     return check
@@ -192,6 +203,7 @@ async def run_workers(
     *,
     console: Console,
     stop: asyncio.Event | None = None,
+    intake_argv: Sequence[str] | None = None,
 ) -> int:
     """`run` as one worker: until SIGTERM/SIGINT (or `stop`), then drain (partitions handed over at once),
     stop the adapters, leave. Raises `BotError` for what must be fixed before anything runs (the database is
@@ -253,11 +265,13 @@ async def run_workers(
             reloads[0].request()
         started: list[Adapter] = []
         phase = ["starting"]
+        # `[workers] intake = "separate"`: a child takes the events in (started with the adapters)
+        intake = [IntakeChild(intake_argv, env, say)] if intake_argv else []
         metrics.bind_parts(host.running, router.governors, started)
         if config.admin.address:
             try:
                 admin = AdminServer(
-                    config.admin.address, metrics, worker_readiness(host, started, phase), env
+                    config.admin.address, metrics, worker_readiness(host, started, phase, intake), env
                 )
                 await admin.start()
             except AdminError as exc:
@@ -268,7 +282,9 @@ async def run_workers(
             f"durable-bots: {config.bot.name} starting (pid {os.getpid()}, model {config.bot.model}, storage "
             f"{store.description}) as a worker: {partitions} partitions shared with the other workers"
         )
-        return await _serve(config, adapters, store, router, host, started, phase, say, stop, received, ttl)
+        return await _serve(
+            config, adapters, store, router, host, started, phase, say, stop, received, ttl, intake
+        )
     finally:
         for reload in reloads:
             await reload.stop()
@@ -294,6 +310,7 @@ async def _serve(
     stop: asyncio.Event,
     received: Sequence[str],
     ttl: float,
+    intake: Sequence[IntakeChild] = (),
 ) -> int:
     partitions = router.partitions
     report = OwnershipReport(say, partitions)
@@ -343,8 +360,10 @@ async def _serve(
             if isinstance(summary, str) and summary:
                 say(f"{adapter.name}: {summary}")
             shown = adapter_url(adapter, options)
-            if shown is not None:
+            if shown is not None and getattr(adapter, "listening", True) is not False:
                 say(f"{adapter.name}: {redact_url(shown)}")
+        for child in intake:
+            await child.begin()
         for adapter in started:
             if callable(getattr(adapter, "set_shards", None)):
                 shards = ShardHost(
@@ -387,6 +406,8 @@ async def _serve(
             log.warning("handing partitions over: %r", exc)
             code = EXIT_ERROR
         report.flush()
+        for child in intake:  # it stops taking events and acknowledges those in hand, like an adapter
+            await child.end()
         for adapter in reversed(started):
             try:
                 await asyncio.wait_for(adapter.stop(), STEP_TIMEOUT)

@@ -154,6 +154,11 @@ class SlackAdapter:
         return self._health.copy()
 
     @property
+    def listening(self) -> bool:
+        """Whether this process takes Slack events in (False: its separate intake process does)."""
+        return self.options.listen
+
+    @property
     def socket_refused(self) -> bool:
         """Socket Mode: Slack refused this worker's connection because the app already holds ten (one per
         worker); it keeps asking slowly and takes no Slack events until a slot frees."""
@@ -208,7 +213,9 @@ class SlackAdapter:
             )
             if self.options.catch_up:
                 await self._catch_up()
-            if self.options.mode == "socket":
+            if not self.options.listen:
+                pass  # another process takes this worker's events in (its separate intake)
+            elif self.options.mode == "socket":
                 await self._start_socket()
             else:
                 await self._start_http()

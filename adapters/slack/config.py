@@ -45,6 +45,10 @@ class SlackOptions(BaseModel):
     there share it; Slack allows about one message per second per channel, `chat.update` is Tier 3)."""
     stream: bool = True
     """Stream partial answers inside threads with `chat.startStream`/`appendStream`/`stopStream`."""
+    listen: bool = True
+    """Take Slack events in this process (the Socket Mode connection or the HTTP endpoint). False: a worker
+    whose events are taken in by its separate intake process (`[workers] intake = "separate"`) and which only
+    delivers and catches up here. Set by the worker runtime, not usually by hand."""
     catch_up: bool = True
     """On start, read history of known channels/threads since the last message seen, and of every other
     conversation the bot is a member of (`users.conversations`) back to `catch_up_hours`."""
