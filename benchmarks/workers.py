@@ -49,6 +49,13 @@ def partitions_supported() -> bool:
     return "partitions" in StorageSection.model_fields
 
 
+def separate_intake_supported() -> bool:
+    """Whether this build has `[workers] intake = "separate"` (Slack intake in a child process per worker)."""
+    from bots.config import BotConfig
+
+    return "workers" in BotConfig.model_fields
+
+
 @dataclass
 class Outcome:
     """One case: `workers` processes under the same load."""
@@ -73,6 +80,8 @@ class Outcome:
     forwarded: int = 0  # ingress records: events taken in by a worker that does not own their channel
     commit_seconds: float = 0.0  # the time those storage commits took, summed
     load_average: float = 0.0  # the machine's 1-minute load average as the load started (others share it)
+    unfinished: int = 0  # ingress records never taken in by their owner when the case ended
+    channels_unanswered: int = 0  # channels whose last mention has no answer after it
 
 
 async def wait_balanced(url: str, workers: int, partitions: int, timeout: float) -> float:
@@ -142,13 +151,15 @@ async def poll(
     return True
 
 
-async def ingress_records(url: str) -> int:
-    """How many ingress records the store holds (0 for a store without the table)."""
+async def ingress_records(url: str, *, unfinished: bool = False) -> int:
+    """How many ingress records the store holds, or (`unfinished`) how many its owners have not taken in yet
+    (0 for a store without the table)."""
     conn = await asyncpg.connect(url)
     try:
         if not await conn.fetchval("SELECT to_regclass('ingress') IS NOT NULL"):
             return 0
-        return int(await conn.fetchval("SELECT count(*) FROM ingress"))
+        where = " WHERE finished_at IS NULL" if unfinished else ""
+        return int(await conn.fetchval(f"SELECT count(*) FROM ingress{where}"))
     finally:
         await conn.close()
 
@@ -273,6 +284,7 @@ async def one_case(
                 a.get(COMMIT_SECONDS, 0) - b.get(COMMIT_SECONDS, 0) for a, b in pairs
             )
             outcome.forwarded = await ingress_records(url) - forwarded_before
+            outcome.unfinished = await ingress_records(url, unfinished=True)
             # The k-th answer in a channel after the warm-up answers the k-th mention there.
             done: list[float] = []
             for channel, asked in arrivals.items():
@@ -280,6 +292,14 @@ async def one_case(
                 outcome.answer_delays += [at - arrival for at, arrival in zip(answered, asked, strict=False)]
                 done += answered
             outcome.answered_in_load = sum(1 for at in done if at <= load_end)
+            # A mention that came while its channel's turn ran is answered by the next turn together with the
+            # ones queued beside it (one answer for several): what must hold is that each channel's last
+            # mention has an answer after it.
+            outcome.channels_unanswered = sum(
+                1
+                for channel, asked in arrivals.items()
+                if asked and not any(at >= asked[-1] for at in found.get(channel, [])[len(warmed[channel]) :])
+            )
             if done:
                 outcome.drained_at = max(done) - start
             await asyncio.gather(*(bot.stop() for bot in bots))
@@ -293,23 +313,32 @@ async def one_case(
         cleanup(scratch)
 
 
-def cases(options: Options) -> list[tuple[int, int | None]]:
-    """(workers, partitions) to run: one process on one partition (the leader of issue 15), then 1, 2 and 4
-    workers on the default 64 partitions (tiny: 1 and 2). A build without partitions can run only the
-    one-process case (`None`: the config does not name a partition count)."""
+Case = tuple[int, int | None, str]  # workers, partitions (None: not named in the config), `[workers] intake`
+
+
+def cases(options: Options) -> list[Case]:
+    """The cases to run: one process on one partition (the leader of issue 15), then 1, 2 and 4 workers on the
+    default 64 partitions taking events in their own process ("shared"), then the same with a separate
+    intake process each (tiny: 1 and 2 workers, separate intake only where the build has it). A build without
+    partitions can run only the one-process case."""
     if not partitions_supported():
-        return [(1, None)]
+        return [(1, None, "shared")]
+    intakes = ["shared", "separate"] if separate_intake_supported() else ["shared"]
     if options.tiny:
-        return [(1, PARTITIONS), (2, PARTITIONS)]
-    return [(1, 1), (1, PARTITIONS), (2, PARTITIONS), (4, PARTITIONS)]
+        return [(2, PARTITIONS, intake) for intake in intakes]
+    chosen: list[Case] = [(1, 1, "shared")]
+    return chosen + [(n, PARTITIONS, intake) for intake in intakes for n in (1, 2, 4)]
 
 
-def label(workers: int, partitions: int | None) -> str:
-    """How a case is named in the report: "2 workers", or "1 worker (1 partition)" off the default 64."""
+def label(workers: int, partitions: int | None, intake: str = "shared") -> str:
+    """How a case is named in the report: "2 workers", "2 workers, separate intake", or "1 worker
+    (1 partition)" off the default 64."""
     name = f"{workers} worker{'s' if workers > 1 else ''}"
     if partitions is None or partitions == 1:
-        return f"{name} (1 partition)"
-    return name if partitions == PARTITIONS else f"{name} ({partitions} partitions)"
+        name = f"{name} (1 partition)"
+    elif partitions != PARTITIONS:
+        name = f"{name} ({partitions} partitions)"
+    return f"{name}, separate intake" if intake == "separate" else name
 
 
 async def run(options: Options) -> Report:
@@ -324,7 +353,7 @@ async def run(options: Options) -> Report:
         "`faux:demo`'s plain answer (one model call, ~900 characters streamed into one Slack message), the "
         "others are "
         "recorded. Against "
-        + ", ".join(label(n, p) for n, p in chosen)
+        + ", ".join(label(*case) for case in chosen)
         + " (`python -m bots run --adapter slack`, "
         + (
             f"[storage] partitions = {PARTITIONS} unless named"
@@ -334,7 +363,7 @@ async def run(options: Options) -> Report:
         + ", lease_ttl 10 s, "
         "edit_interval 0.05 s), one fresh database each on one PostgreSQL server with fsync on (a throwaway "
         "cluster, or $DURABLE_BOTS_BENCH_DATABASE_URL), every process on this machine's 2 cores. Each worker "
-        "has its own Socket Mode connection; the fake Slack (in the benchmark's process) hands every event to "
+        "has its own Socket Mode connection (with a separate intake: its child's); the fake Slack (in the benchmark's process) hands every event to "
         "one random open connection. Before the clock: every partition leased, each channel answered once. "
         "Intake: per event (a mention is two: message and app_mention) from its scheduled arrival to the ack. "
         "Answered turns/s: final answers that reached the fake's Web API during the load / the load's length.",
@@ -343,13 +372,16 @@ async def run(options: Options) -> Report:
     async with durable_server() as server:
         probe = await Probe.open(server)
         try:
-            for workers, partitions in chosen:
-                outcomes.append(await one_case(server, probe, options, workers, partitions, count))
+            for workers, partitions, intake in chosen:
+                outcomes.append(await one_case(server, probe, options, workers, partitions, count, intake))
         finally:
             await probe.close()
-    base = next((o for o in outcomes if o.workers == 1 and o.partitions == PARTITIONS), outcomes[0])
+    base = next(
+        (o for o in outcomes if o.workers == 1 and o.partitions == PARTITIONS and o.intake == "shared"),
+        outcomes[0],
+    )
     for outcome in outcomes:
-        name = label(outcome.workers, outcome.partitions)
+        name = label(outcome.workers, outcome.partitions, outcome.intake)
         lat = outcome.latencies
         report.add(f"{name}: intake p50", median(lat) * 1000, "ms")
         report.add(f"{name}: intake p99", percentile(lat, 99) * 1000, "ms", f"{len(lat)} events acked")
@@ -358,7 +390,8 @@ async def run(options: Options) -> Report:
             f"{name}: of which before the fake sent it, p99",
             percentile(outcome.send_lags, 99) * 1000,
             "ms",
-            "the benchmark's own lag: scheduled arrival -> the envelope written to a connection",
+            "scheduled arrival -> the fake began writing the envelope (a mention's second event waits for the "
+            "first one's write: a receiver that reads late holds it back)",
         )
         report.add(
             f"{name}: answered turns/s",
@@ -388,18 +421,30 @@ async def run(options: Options) -> Report:
         if outcome.failed:
             report.note(f"{name}: {len(outcome.failed)} event(s) not acked, first: {outcome.failed[0]}")
         if len(outcome.answer_delays) < outcome.asked:
-            report.note(f"{name}: {outcome.asked - len(outcome.answer_delays)} mention(s) never answered")
+            report.note(
+                f"{name}: {outcome.asked - len(outcome.answer_delays)} answer(s) fewer than mentions (mentions "
+                f"queued behind their channel's running turn are answered together); "
+                f"{outcome.channels_unanswered} channel(s) without an answer after their last mention, "
+                f"{outcome.unfinished} ingress record(s) not taken in"
+            )
     for outcome in outcomes:
         if outcome is base:
             continue
-        name = f"{label(outcome.workers, outcome.partitions)} / {label(base.workers, base.partitions)}"
+        name = (
+            f"{label(outcome.workers, outcome.partitions, outcome.intake)} / "
+            f"{label(base.workers, base.partitions, base.intake)}"
+        )
         report.ratio(f"{name}: intake p99", percentile(outcome.latencies, 99), percentile(base.latencies, 99))
         report.ratio(
             f"{name}: answered turns/s",
             outcome.answered_in_load / outcome.seconds,
             base.answered_in_load / base.seconds,
         )
-    goal = next((o for o in outcomes if o.workers == GOAL_WORKERS), None)
+    # The goal is judged on the best configuration this build has for it: a separate intake where it exists.
+    goal = next(
+        (o for o in reversed(outcomes) if o.workers == GOAL_WORKERS and o.partitions != 1),
+        None,
+    )
     if goal is None:
         report.goal(
             f"intake p99 < 10 ms with {GOAL_WORKERS} workers",
@@ -408,12 +453,14 @@ async def run(options: Options) -> Report:
         )
     else:
         p99 = percentile(goal.latencies, 99)
-        all_answered = len(goal.answer_delays) == goal.asked and not goal.failed
+        all_answered = not goal.failed and not goal.unfinished and not goal.channels_unanswered
         report.goal(
-            f"intake p99 < 10 ms with {GOAL_WORKERS} workers, every event acked and every mention answered",
+            f"intake p99 < 10 ms with {GOAL_WORKERS} workers ({label(goal.workers, goal.partitions, goal.intake)}), "
+            "every event acked, taken in, and every channel answered after its last mention",
             p99 < GOAL_P99 and all_answered,
-            f"p99 {p99 * 1000:.1f} ms, {len(goal.answer_delays)} of {goal.asked} answered, "
-            f"{len(goal.failed)} not acked",
+            f"p99 {p99 * 1000:.1f} ms, {len(goal.answer_delays)} answers to {goal.asked} mentions, "
+            f"{len(goal.failed)} not acked, {goal.unfinished} not taken in, "
+            f"{goal.channels_unanswered} channel(s) unanswered",
         )
     if goal is None:
         p99 = percentile(base.latencies, 99)
