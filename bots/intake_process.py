@@ -33,7 +33,7 @@ from adapters.bridge import Router
 from adapters.redact import install_log_redaction
 from bots.background import OwnedLoop
 from bots.config import BotConfig
-from bots.runtime import EXIT_OK, EXIT_STORAGE, BotError, Console
+from bots.runtime import EXIT_OK, EXIT_STORAGE, BotError, Console, freeze_startup_heap
 from harness_core import StorageError
 from harness_core.storage import PostgresStore
 
@@ -259,6 +259,7 @@ async def run_intake(
                 raise BotError(f"adapter {adapter.name!r} failed to start: {exc}") from None
             started.append(adapter)
         if not stop.is_set():
+            freeze_startup_heap()  # a full collection would pause acknowledgements
             console.say(READY)
             await stop.wait()
         return EXIT_OK

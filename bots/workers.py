@@ -50,6 +50,7 @@ from bots.runtime import (
     build_models,
     check_tools,
     enabled_tools,
+    freeze_startup_heap,
     known_tools,
 )
 from bots.shards import ShardHost, shard_plan
@@ -387,6 +388,7 @@ async def _serve(
                 await shard_balancer.start()
                 balancer.on_owned_changed = _both(report.changed, lambda _owned: wake_all(shard_balancers))
         phase[0] = ""
+        freeze_startup_heap()  # full collections no longer walk what startup loaded
         say(f"durable-bots: ready ({', '.join(a.name for a in started)}); stop with Ctrl-C or SIGTERM")
         await stop.wait()
         why = received[0] if received else "stop requested"
