@@ -30,10 +30,10 @@ from typing import Any
 
 from adapters.base import Adapter
 from adapters.bridge import Router
-from adapters.redact import install_log_redaction
+from adapters.redact import install_log_redaction, redact_url
 from bots.background import OwnedLoop
 from bots.config import BotConfig
-from bots.runtime import EXIT_OK, EXIT_STORAGE, BotError, Console, freeze_startup_heap
+from bots.runtime import EXIT_OK, EXIT_STORAGE, BotError, Console, adapter_url, freeze_startup_heap
 from harness_core import StorageError
 from harness_core.storage import PostgresStore
 
@@ -111,8 +111,15 @@ class IntakeChild(OwnedLoop):
     async def _spawn(self) -> None:
         self.ready = False
         self._ready = asyncio.Event()
+        # A session of its own: a terminal's Ctrl-C reaches the worker only, which stops the child after its
+        # drain; and where the kernel groups CPU time by session (autogroup), the child's few, short wake-ups
+        # are not queued behind the worker's turns.
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE
+            *self.argv,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         self.starts += 1
         self._lines = asyncio.get_running_loop().create_task(
@@ -248,8 +255,9 @@ async def run_intake(
             )
         except StorageError as exc:
             raise BotError(str(exc), EXIT_STORAGE) from None
-        router = Router(store, config.storage.partitions)  # owns nothing: every event becomes a record
-        for adapter, _options in adapters:
+        # Owns nothing: every event becomes an ingress record for its partition's owner.
+        router = Router(store, config.storage.partitions, consume=False)
+        for adapter, options in adapters:
             if stop.is_set():
                 break
             try:
@@ -258,6 +266,9 @@ async def run_intake(
                 log.exception("adapter %s failed to start", adapter.name)
                 raise BotError(f"adapter {adapter.name!r} failed to start: {exc}") from None
             started.append(adapter)
+            shown = adapter_url(adapter, options)
+            if shown is not None:  # HTTP mode: the Request URL is served here, not by the worker
+                console.say(f"{adapter.name}: {redact_url(shown)}")
         if not stop.is_set():
             freeze_startup_heap()  # a full collection would pause acknowledgements
             console.say(READY)

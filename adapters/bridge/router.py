@@ -76,6 +76,7 @@ class Router:
         poll_interval: float = POLL_INTERVAL,
         batch: int = BATCH,
         direct_intake: bool = False,
+        consume: bool = True,
     ) -> None:
         if partitions < 1:
             raise ValueError(f"partitions must be at least 1, got {partitions}")
@@ -92,7 +93,8 @@ class Router:
         # The latest catch-up an adapter asked for, per platform: a partition gained later catches up its part
         # of it (places the bridge has never seen, back to the adapter's look-back bound).
         self._catch_up_requests: dict[str, tuple[list[Place], str | None]] = {}
-        self._unsubscribe = ingress.on_ingress(self._notified)
+        # A router that will never own a partition (a worker's separate intake process) does not listen.
+        self._unsubscribe = ingress.on_ingress(self._notified) if consume else _nothing
         self._poller: asyncio.Task[None] | None = None
         # Counters (metrics, tests): ingress records committed here, records taken in, records refused.
         self.forwarded = 0

@@ -174,3 +174,41 @@ async def test_the_intake_role_is_refused_without_a_separate_intake(tmp_path: Pa
     result = await cli(shipped_config_in(tmp_path), "run", "--role", "intake", env=bot_env(tmp_path))
     assert result.returncode != 0
     assert '[workers] intake = "separate"' in result.stderr + result.stdout
+
+
+async def test_in_http_mode_the_intake_process_serves_the_request_url(tmp_path: Path, pg_url: str) -> None:
+    port = free_port()
+    async with FakeSlack(mode="http", ack_timeout=3.0) as fake, EchoModel() as model:
+        fake.request_url = f"http://127.0.0.1:{port}/slack/events"
+        channel = fake.add_channel("ops-http")
+        alice = fake.add_user("UALICE", name="alice", display_name="Alice")
+        config = separate_config(tmp_path, pg_url, free_port())
+        text = config.read_text().replace('mode = "socket"', f'mode = "http"\nport = {port}')
+        config.write_text(text)
+        env = bot_env(tmp_path, **fake.env, OPENAI_BASE_URL=model.url, OPENAI_API_KEY="sk-test-intake")
+        worker = await Worker.start("w1", config, env, tmp_path)
+        try:
+            await worker.ready()
+            child = intake_children(worker.pid)[0]
+            # The Request URL is the child's (said by it, through the worker); the worker serves no port.
+            assert any(
+                line.startswith(f"intake (pid {child.pid}): slack: http://127.0.0.1:{port}/slack/events")
+                for line in worker.lines
+            ), worker.output()
+            listening = {c.laddr.port for c in child.net_connections() if c.status == psutil.CONN_LISTEN}
+            assert port in listening
+            assert port not in {
+                c.laddr.port
+                for c in psutil.Process(worker.pid).net_connections()
+                if c.status == psutil.CONN_LISTEN
+            }
+            for n in range(3):
+                await (await fake.user_posts(channel, alice, f"{token(0, n)} over http")).wait_acked(30)
+            await fake.wait_for(lambda: len(answered(fake, channel)) >= 3, 60, description="three answers")
+            await asyncio.sleep(1.0)
+            assert answered(fake, channel) == [token(0, n) for n in range(3)]
+            worker.process.send_signal(signal.SIGTERM)
+            assert await worker.finish(60) == 0, worker.output() + worker.stderr()
+            assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        finally:
+            await worker.kill()
