@@ -127,6 +127,9 @@ class BotProcess:
         return f"http://127.0.0.1:{self.http_port}/slack/events"
 
     async def start(self, env: dict[str, str]) -> None:
+        # A session of its own, as a separately launched service (a systemd unit, a container) is: where the
+        # kernel shares CPU time out by session (autogroup), the bots and this process (the fake Slack, which
+        # stands in for Slack's own servers) then get a share each instead of one share among all of them.
         with self.stderr_path.open("ab") as stderr:
             self._process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -141,6 +144,7 @@ class BotProcess:
                 env=env,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
+                start_new_session=True,
             )
         self._reader = asyncio.create_task(self._read())
 
