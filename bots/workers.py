@@ -9,6 +9,8 @@ adapters: a message or click for a partition owned here goes to its bridge, any 
 ingress record its owner takes in.
 
 - A worker that owns no partition is a **standby**: it connects to no platform until it owns one.
+- `[workers] intake = "separate"`: the worker's Slack events are taken in by a child process of its own
+  (`bots.intake_process`), so acknowledgements never wait behind this process's turns.
 - Rate limits hold per process: the router gives every partition bridge the same governor per platform.
 - Memory: each partition's harness gets a share of the context cache budget (`partition_stack.cache_share`),
   so 64 harnesses do not hold 64 full caches.
