@@ -95,15 +95,19 @@ class IntakeChild(OwnedLoop):
             return None
         return "the separate intake process is not running"
 
-    async def begin(self) -> None:
-        """Start the child and wait for it to be ready; then watch it. Raises `BotError` when its first start
-        fails (a wrong token, the database unreachable): the worker must not run deaf."""
+    async def begin(self, stop: asyncio.Event | None = None) -> None:
+        """Start the child and wait for it to be ready (or for `stop`); then watch it. Raises `BotError` when
+        its first start fails (a wrong token, the database unreachable): the worker must not run deaf."""
         await self._spawn()
-        if not await self._wait_ready(self.start_timeout):
-            code = await self._end(self.process)
+        if not await self._wait_ready(self.start_timeout, stop):
+            if stop is not None and stop.is_set():
+                return  # stopping while it starts: `end` stops it
+            assert self.process is not None
+            exited = self.process.returncode
+            await self._end(self.process)
             raise BotError(
                 "the separate intake process did not start"
-                + (f" (exit code {code})" if code is not None else f" within {self.start_timeout:g} s")
+                + (f" (exit code {exited})" if exited is not None else f" within {self.start_timeout:g} s")
                 + "; its own lines above say why"
             )
         self.start()
@@ -136,15 +140,16 @@ class IntakeChild(OwnedLoop):
                 self._ready.set()
             self.say(f"intake (pid {process.pid}): {text}")
 
-    async def _wait_ready(self, timeout: float) -> bool:
+    async def _wait_ready(self, timeout: float, stop: asyncio.Event | None = None) -> bool:
         assert self.process is not None
-        exited = asyncio.ensure_future(self.process.wait())
-        ready = asyncio.ensure_future(self._ready.wait())
+        waits = {asyncio.ensure_future(self.process.wait()), asyncio.ensure_future(self._ready.wait())}
+        if stop is not None:
+            waits.add(asyncio.ensure_future(stop.wait()))
         try:
-            await asyncio.wait({exited, ready}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            exited.cancel()
-            ready.cancel()
+            for waiting in waits:
+                waiting.cancel()
         return self._ready.is_set() and self.process.returncode is None
 
     async def _run(self) -> None:

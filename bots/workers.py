@@ -366,7 +366,7 @@ async def _serve(
             if shown is not None and getattr(adapter, "listening", True) is not False:
                 say(f"{adapter.name}: {redact_url(shown)}")
         for child in intake:
-            await child.begin()
+            await child.begin(stop)
         for adapter in started:
             if callable(getattr(adapter, "set_shards", None)):
                 shards = ShardHost(

@@ -1,0 +1,86 @@
+"""`IntakeChild`, the worker's side of its separate intake process, over small stand-in children (real
+processes): it waits for the ready line, says what the child says, starts a child that exited again, stops it
+with SIGTERM, and refuses to run deaf when the first start fails."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bots.intake_process import READY, IntakeChild
+from bots.runtime import BotError
+
+# Says it is ready, then waits for SIGTERM (exit 0). The first time (no marker file yet) it exits with code 5
+# soon after it is ready, as a crashing child would.
+CHILD = f"""
+import os, signal, sys, time
+marker = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("hello from the child", flush=True)
+print({READY!r}, flush=True)
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(0.3)
+    sys.exit(5)
+while True:
+    time.sleep(1)
+"""
+SILENT = "import time\nwhile True: time.sleep(1)\n"
+FAILING = "import sys\nprint('cannot connect to Slack', flush=True)\nsys.exit(1)\n"
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not in time")
+
+
+async def test_a_child_that_exits_is_started_again_and_stopped_with_sigterm(tmp_path: Path) -> None:
+    said: list[str] = []
+    child = IntakeChild(
+        [sys.executable, "-c", CHILD, str(tmp_path / "started-once")], {}, said.append, restart_delays=(0.1,)
+    )
+    await child.begin()
+    first = child.pid
+    assert child.problem() is None and child.starts == 1
+    assert f"intake (pid {first}): hello from the child" in said
+    # It exits with code 5: said, not ready meanwhile, started again, ready again.
+    await wait_until(lambda: child.starts == 2 and child.problem() is None)
+    assert child.pid != first
+    assert any("the separate intake process exited (code 5)" in line for line in said), said
+    process = child.process
+    assert process is not None
+    await child.end()
+    assert process.returncode == 0  # SIGTERM: it stopped as asked
+    assert child.problem() == "the separate intake process is not running"
+
+
+async def test_a_first_start_that_fails_is_an_error_naming_the_exit_code() -> None:
+    said: list[str] = []
+    child = IntakeChild([sys.executable, "-c", FAILING], {}, said.append)
+    with pytest.raises(BotError, match=r"did not start \(exit code 1\)"):
+        await child.begin()
+    assert any(line.endswith("cannot connect to Slack") for line in said), said
+
+
+async def test_a_child_never_ready_is_stopped_and_named_after_the_timeout() -> None:
+    child = IntakeChild([sys.executable, "-c", SILENT], {}, [].append, start_timeout=0.5)
+    with pytest.raises(BotError, match=r"did not start within 0.5 s"):
+        await child.begin()
+    assert child.process is not None and child.process.returncode is not None  # not left running
+
+
+async def test_stopping_while_the_child_starts_does_not_wait_out_the_start() -> None:
+    stop = asyncio.Event()
+    child = IntakeChild([sys.executable, "-c", SILENT], {}, [].append, start_timeout=60)
+    asyncio.get_running_loop().call_later(0.3, stop.set)
+    async with asyncio.timeout(10):
+        await child.begin(stop)
+        await child.end()
+    assert child.process is not None and child.process.returncode is not None
