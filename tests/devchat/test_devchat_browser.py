@@ -334,7 +334,7 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
 ) -> None:
     # `fragile` (tests/bots/bots_crash_tools.py) SIGKILLs the bot every time it runs, until `repaired` exists;
     # with restart_limit = 1 its task is parked at the second restart.
-    bot = await start_bot(delay_ms=40, crash_tools=True, restart_limit=1)
+    bot = await start_bot(delay_ms=20, crash_tools=True, restart_limit=1)
     alice = await open_tab(browser, bot, "alice")
     tasks = alice.page.get_by_test_id("tasks").get_by_test_id("task")
 
@@ -425,7 +425,7 @@ async def test_the_readme_tour_step_by_step(
     browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
 ) -> None:
     """README "A 5-minute tour", steps 1 to 4, as a newcomer follows them in one tab."""
-    bot = await start_bot(delay_ms=40)
+    bot = await start_bot(delay_ms=20)  # the help answer still streams for seconds: time to kill it mid-way
     # 1. Open the URL, type `alice` as your name, say `hello` in #general: the answer streams in.
     me = await open_tab(browser, bot, "alice")
     await me.say("hello")
