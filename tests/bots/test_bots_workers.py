@@ -255,7 +255,7 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     slow = {token(n, 1) for n in range(len(channels))}
     model.slow |= slow
     # Long enough to outlast the cut, the ttl and the 4 s watched after it (the other worker streams it again).
-    model.slow_seconds = 14.0
+    model.slow_seconds = 10.0
     streaming = time.monotonic()
     for n, channel in enumerate(channels):
         await fake.user_posts(channel, alice, f"{token(n, 1)} tell me more")
@@ -263,8 +263,11 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
         lambda: len(fleet.taps.writes_by("cut", streaming)) >= 2, 30, description="the cut-off worker streams"
     )
     link.cut()
-    await asyncio.sleep(TTL + 4)
     assert link.cut_at is not None
+    # The watched window ends before the slow answers would have (they started after `streaming`): a worker
+    # that went on writing would show it.
+    assert link.cut_at + TTL + 4 < streaming + model.slow_seconds, "the cut came too late to tell anything"
+    await asyncio.sleep(TTL + 4)
     late = fleet.taps.writes_by("cut", link.cut_at + TTL)
     assert late == [], f"writes after the lease ran out: {late}"
     assert cut_off.process.returncode is None  # it lives on (a database outage is not a crash)
