@@ -327,7 +327,7 @@ async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_plat
         await standby.wait_for(
             lambda line: line.startswith("durable-bots: standby: this worker owns none"), 60
         )
-        await asyncio.sleep(2 * TTL)
+        await asyncio.sleep(TTL)  # three balancer ticks (ttl/3): time to (wrongly) take a lease or connect
         assert fake.open_connections == [] and not any(
             line.startswith("durable-bots: ready") for line in standby.lines
         )
