@@ -255,7 +255,7 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     slow = {token(n, 1) for n in range(len(channels))}
     model.slow |= slow
     # Long enough to outlast the cut, the ttl and the 4 s watched after it (the other worker streams it again).
-    model.slow_seconds = 10.0
+    model.slow_seconds = 12.0
     streaming = time.monotonic()
     for n, channel in enumerate(channels):
         await fake.user_posts(channel, alice, f"{token(n, 1)} tell me more")
