@@ -125,7 +125,9 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot_on_postgres(
     env = bot_env(tmp_path)
     config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
     sqlite_line = f"path = {toml_value(str(tmp_path / 'bot.sqlite'))}"
-    config.write_text(config.read_text().replace(sqlite_line, f"url = {toml_value(pg_url)}"))
+    # A short lease: each restart after the tool's SIGKILL waits out the dead process's lease (default 10 s).
+    pg_line = f"url = {toml_value(pg_url)}\nlease_ttl = 2.0"
+    config.write_text(config.read_text().replace(sqlite_line, pg_line))
     await park_the_fragile_tool(config, env, timeout=60)
     bot = await BotProcess.start(config, env=env)
     try:

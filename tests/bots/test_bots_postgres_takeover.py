@@ -270,8 +270,10 @@ async def test_takeovers_after_an_approval_click_and_inside_the_unsafe_deploy(
 
             # (c) SIGKILL the leader after Carol's click arrived, while it checks her on-call group.
             lookup = fake.kill_on("usergroups.users.list", first.pid, after_effect=False)
-            await fake.click(ops, card.ts, button(card, "approve"), user=carol)
+            # (Not waiting out the 10 s ack window: the killed leader cannot ack it anyway.)
+            click = await fake.click(ops, card.ts, button(card, "approve"), user=carol, wait=False)
             assert await asyncio.wait_for(first.process.wait(), 30) == -signal.SIGKILL
+            assert not click.attempt.acked  # the click was never acknowledged: Carol saw it fail
             assert len(lookup.fired) == 1
             assert hook.requests == []
             await wait_ready(second, TTL + 30)

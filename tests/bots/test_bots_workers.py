@@ -147,6 +147,17 @@ def answered_tokens(fake: FakeSlack, channel: Channel) -> list[str]:
     return [t for _, found, _ in answers(fake, channel) for t in found]
 
 
+async def settled_share(workers: Sequence[Worker], partitions: int = PARTITIONS, timeout: float = 60) -> None:
+    """Wait until the workers said they own every partition between them, each some (the join settled:
+    partitions are handed over a few per tick)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            owned = [w.owned() for w in workers]
+            if sum(o or 0 for o in owned) == partitions and all(owned):
+                return
+            await asyncio.sleep(0.1)
+
+
 async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_once_in_order(
     fake: FakeSlack, fleet: Fleet
 ) -> None:
@@ -160,9 +171,7 @@ async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_o
     second, third = await fleet.start("w2"), await fleet.start("w3")
     await asyncio.gather(second.ready(), third.ready())
     assert len(fake.open_connections) == 3  # one Socket Mode connection per worker
-    await asyncio.sleep(2 * TTL)  # the join settles: partitions were handed over a few per tick
-    owned = [w.owned() for w in (first, second, third)]
-    assert sum(o or 0 for o in owned) == PARTITIONS and all(owned), owned
+    await settled_share((first, second, third))
 
     rng = random.Random(16)
     asked: dict[str, list[str]] = {c.id: [] for c in channels}
@@ -204,7 +213,13 @@ async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_o
         120,
         description="every message answered",
     )
-    await asyncio.sleep(2.0)  # time for anything (wrongly) posted twice to show up
+    live = [w for w in fleet.workers if w.process.returncode is None]
+    assert len(live) == 3
+    for worker in live:
+        worker.process.send_signal(signal.SIGTERM)
+    for worker in live:
+        assert await worker.finish(60) == 0, worker.output() + worker.stderr()
+    # Every worker has stopped: anything (wrongly) posted twice has shown up by now.
     check_exactly_once_in_order(fake, channels, asked, events)
 
     # The killed worker's channels went on within the lease ttl (plus the time to open a partition and the
@@ -213,13 +228,6 @@ async def test_three_workers_kill_join_and_rolling_deploy_answer_every_message_o
     after_kill = [t for t, at in posted_at.items() if killed_at <= at <= killed_at + 5]
     slowest = max(answered_at[t] - posted_at[t] for t in after_kill)
     assert slowest <= TTL + 20, (slowest, events)
-
-    live = [w for w in fleet.workers if w.process.returncode is None]
-    assert len(live) == 3
-    for worker in live:
-        worker.process.send_signal(signal.SIGTERM)
-    for worker in live:
-        assert await worker.finish(60) == 0, worker.output() + worker.stderr()
 
 
 async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_ttl(
@@ -233,8 +241,7 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     await cut_off.ready()
     other = await fleet.start("other")
     await other.ready()
-    await asyncio.sleep(2 * TTL)
-    assert (cut_off.owned() or 0) > 0 and (other.owned() or 0) > 0, (cut_off.output(), other.output())
+    await settled_share((cut_off, other))
 
     # Both answer: one message per channel lands on each worker's partitions.
     since = time.monotonic()
@@ -247,6 +254,8 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
     model: EchoModel = fleet.model  # type: ignore[attr-defined]
     slow = {token(n, 1) for n in range(len(channels))}
     model.slow |= slow
+    # Long enough to outlast the cut, the ttl and the 4 s watched after it (the other worker streams it again).
+    model.slow_seconds = 12.0
     streaming = time.monotonic()
     for n, channel in enumerate(channels):
         await fake.user_posts(channel, alice, f"{token(n, 1)} tell me more")
@@ -254,8 +263,11 @@ async def test_a_worker_cut_off_the_database_stops_writing_to_slack_within_the_t
         lambda: len(fleet.taps.writes_by("cut", streaming)) >= 2, 30, description="the cut-off worker streams"
     )
     link.cut()
-    await asyncio.sleep(TTL + 4)
     assert link.cut_at is not None
+    # The watched window ends before the slow answers would have (they started after `streaming`): a worker
+    # that went on writing would show it.
+    assert link.cut_at + TTL + 4 < streaming + model.slow_seconds, "the cut came too late to tell anything"
+    await asyncio.sleep(TTL + 4)
     late = fleet.taps.writes_by("cut", link.cut_at + TTL)
     assert late == [], f"writes after the lease ran out: {late}"
     assert cut_off.process.returncode is None  # it lives on (a database outage is not a crash)
@@ -315,7 +327,7 @@ async def test_a_worker_that_owns_no_partition_is_a_standby_connected_to_no_plat
         await standby.wait_for(
             lambda line: line.startswith("durable-bots: standby: this worker owns none"), 60
         )
-        await asyncio.sleep(2 * TTL)
+        await asyncio.sleep(TTL)  # three balancer ticks (ttl/3): time to (wrongly) take a lease or connect
         assert fake.open_connections == [] and not any(
             line.startswith("durable-bots: ready") for line in standby.lines
         )

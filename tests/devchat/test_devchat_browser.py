@@ -210,7 +210,10 @@ async def test_two_tabs_see_each_others_messages_and_one_streamed_answer(
     assert alice.errors == [] and bob.errors == []
 
 
-async def test_a_thread_opens_a_fork_at_its_message(browser: Browser, bot: BotServer) -> None:
+async def test_a_thread_opens_a_fork_at_its_message(
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
+) -> None:
+    bot = await start_bot(delay_ms=0)  # about forks, not streaming: no need to watch three answers stream
     alice = await open_tab(browser, bot, "alice")
     await alice.say("hello")
     first = demo_answer("alice", "hello")
@@ -301,7 +304,7 @@ async def test_approve_by_the_configured_approver_runs_the_deploy_once(
 async def test_bot_killed_mid_answer_restarts_and_the_page_shows_the_answer_once(
     browser: Browser, start_bot: Callable[..., Awaitable[BotServer]]
 ) -> None:
-    bot = await start_bot(delay_ms=40)  # the demo's help answer streams for seconds: time to kill it
+    bot = await start_bot(delay_ms=25)  # the demo's help answer streams for seconds: time to kill it
     alice = await open_tab(browser, bot, "alice")
     await alice.page.evaluate(WATCH_BOT_BUBBLES)
     await alice.say("hello")
@@ -334,7 +337,7 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
 ) -> None:
     # `fragile` (tests/bots/bots_crash_tools.py) SIGKILLs the bot every time it runs, until `repaired` exists;
     # with restart_limit = 1 its task is parked at the second restart.
-    bot = await start_bot(delay_ms=40, crash_tools=True, restart_limit=1)
+    bot = await start_bot(delay_ms=20, crash_tools=True, restart_limit=1)
     alice = await open_tab(browser, bot, "alice")
     tasks = alice.page.get_by_test_id("tasks").get_by_test_id("task")
 
@@ -388,8 +391,9 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
 
 
 async def test_a_pending_deploy_does_not_keep_others_from_being_answered(
-    browser: Browser, bot: BotServer, webhook: Webhook
+    browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
 ) -> None:
+    bot = await start_bot(delay_ms=0)  # about not blocking, not streaming
     alice = await open_tab(browser, bot, "alice", "ops")
     bob = await open_tab(browser, bot, "bob", "ops")
     carol = await open_tab(browser, bot, "carol", "ops")
@@ -425,7 +429,7 @@ async def test_the_readme_tour_step_by_step(
     browser: Browser, start_bot: Callable[..., Awaitable[BotServer]], webhook: Webhook
 ) -> None:
     """README "A 5-minute tour", steps 1 to 4, as a newcomer follows them in one tab."""
-    bot = await start_bot(delay_ms=40)
+    bot = await start_bot(delay_ms=25)  # the help answer still streams for seconds: time to kill it mid-way
     # 1. Open the URL, type `alice` as your name, say `hello` in #general: the answer streams in.
     me = await open_tab(browser, bot, "alice")
     await me.say("hello")

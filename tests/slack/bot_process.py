@@ -238,7 +238,9 @@ async def main() -> None:
         harness.add_publication_listener(die_on_decision)
     registry.install(bridge.extension())
     registry.install(Extension("ops", tools=[deploy, lookup]))
-    adapter = create(OPTIONS.get("slack", {}), os.environ)
+    # Edits paced at 0.2 s unless a test sets its own: the default (Slack's 1 s) only slows every streamed answer
+    # here; the pacing itself has tests of its own (test_slack_pacing.py).
+    adapter = create({"edit_interval": 0.2, **OPTIONS.get("slack", {})}, os.environ)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

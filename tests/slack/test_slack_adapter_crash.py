@@ -65,9 +65,10 @@ async def test_approval_flow_survives_a_kill_at_every_step(
     # (c) SIGKILL while Carol's click looks up her groups, before the decision commit: the click is not
     # acknowledged (a click is committed before its ack), so Slack tells her it failed; nothing is decided.
     groups_lookup = fake.kill_on("usergroups.users.list", newest_pid(bots), after_effect=False)
-    click = await fake.click(ops, request.ts, approve, user=people.carol)
-    assert not click.acked
+    # (Not waiting out the ack window: once the process is dead no ack can come, so "no ack at all" is final.)
+    click = await fake.click(ops, request.ts, approve, user=people.carol, wait=False)
     assert await bot.wait_exit() == -9
+    assert not click.attempt.acked
     assert len(groups_lookup.fired) == 1
     assert bots.ledger() == []
     assert any(
@@ -85,9 +86,9 @@ async def test_approval_flow_survives_a_kill_at_every_step(
     refusals = {e.user: e.text for e in fake.ephemerals}
     assert "not an approver" in refusals[people.mallory.id]
     assert "not an approver" in refusals[people.alice.id]
-    click = await fake.click(ops, request.ts, approve, user=people.carol)
-    assert not click.acked
+    click = await fake.click(ops, request.ts, approve, user=people.carol, wait=False)
     assert await bot.wait_exit() == -9
+    assert not click.attempt.acked
     assert bots.ledger() == []
 
     # (d) The committed decision runs the tool after the restart; SIGKILL inside the tool, after its effect.

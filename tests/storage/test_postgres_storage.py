@@ -172,7 +172,8 @@ async def terminate_the_waiting_backend(admin: asyncpg.Connection) -> bool:
     victim = None
     for _ in range(100):
         victim = await admin.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() "
+            "AND datname = current_database()"  # never a backend of another database (the next test's, made ahead)
         )
         if victim is not None:
             break
