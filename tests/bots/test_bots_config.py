@@ -43,8 +43,8 @@ def test_unknown_table_and_unknown_key_in_a_channel_override() -> None:
     assert problems(text) == [
         "bot.toml:5: channels.\"C 42\".mode: Input should be 'mentions', 'all' or 'none' (got 'sometimes')",
         'bot.toml:6: channels."C 42".answr: unknown key (allowed here: mode, record_unaddressed, reply_in_thread)',
-        "bot.toml:8: bots: unknown key (allowed here: bot, storage, answer, channels, tools, approvals, deploy, "
-        "logs, tickets, retry, compaction, tasks, admin, logging, adapters)",
+        "bot.toml:8: bots: unknown key (allowed here: bot, storage, workers, answer, channels, tools, approvals, "
+        "deploy, logs, tickets, retry, compaction, tasks, admin, logging, adapters)",
     ]
 
 
