@@ -389,3 +389,9 @@ def test_check_config_names_every_missing_slack_secret_at_once(
     assert main(["check-config", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "SLACK_BOT_TOKEN is not set" in out and "SLACK_APP_TOKEN is not set" in out  # both, in one run
+
+
+def test_workers_intake_names_its_two_choices() -> None:
+    assert problems('[workers]\nintake = "both"\n') == [
+        "bot.toml:2: workers.intake: Input should be 'shared' or 'separate' (got 'both')"
+    ]
