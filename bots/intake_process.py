@@ -83,7 +83,6 @@ class IntakeChild(OwnedLoop):
         self.ready = False
         self.starts = 0  # children started (tests, the console)
         self._ready = asyncio.Event()
-        self._stopping = False
         self._lines: asyncio.Task[None] | None = None
 
     @property
@@ -173,11 +172,14 @@ class IntakeChild(OwnedLoop):
                 log.warning("starting the separate intake process failed: %s", exc)
                 failures += 1
                 continue
-            failures = failures + 1 if not await self._wait_ready(self.start_timeout) else 0
+            if await self._wait_ready(self.start_timeout):
+                failures = 0
+                continue
+            failures += 1
+            await self._end(self.process)  # hung before its ready line: stopped, then started again
 
     async def end(self) -> None:
         """Stop watching, then stop the child: SIGTERM, then SIGKILL after `STOP_TIMEOUT`."""
-        self._stopping = True
         await self.stop()
         await self._end(self.process)
 

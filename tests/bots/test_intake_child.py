@@ -84,3 +84,35 @@ async def test_stopping_while_the_child_starts_does_not_wait_out_the_start() -> 
         await child.begin(stop)
         await child.end()
     assert child.process is not None and child.process.returncode is not None
+
+
+# Start 1: ready, then exits. Start 2: hangs before its ready line. Start 3: ready, and stays.
+FLAKY = f"""
+import os, signal, sys, time
+counter = sys.argv[1]
+n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+open(counter, "w").write(str(n))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+if n != 2:
+    print({READY!r}, flush=True)
+if n == 1:
+    time.sleep(0.2)
+    sys.exit(3)
+while True:
+    time.sleep(1)
+"""
+
+
+async def test_a_restarted_child_that_hangs_before_ready_is_stopped_and_started_again(tmp_path: Path) -> None:
+    child = IntakeChild(
+        [sys.executable, "-c", FLAKY, str(tmp_path / "starts")],
+        {},
+        [].append,
+        start_timeout=1.0,
+        restart_delays=(0.1,),
+    )
+    await child.begin()
+    try:
+        await wait_until(lambda: child.starts == 3 and child.problem() is None)
+    finally:
+        await child.end()
