@@ -212,3 +212,72 @@ async def test_in_http_mode_the_intake_process_serves_the_request_url(tmp_path: 
             assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
         finally:
             await worker.kill()
+
+
+async def test_with_separate_intakes_a_killed_worker_and_a_joining_one_lose_and_double_nothing(
+    fake: FakeSlack, tmp_path: Path, pg_url: str
+) -> None:
+    """Traffic over two workers with separate intakes; one worker is SIGKILLed mid-traffic (its intake process
+    goes with it: what it held unacknowledged is sent again by Slack to the other's), a third joins. Every
+    message is answered exactly once, in order within its channel."""
+    channels = [fake.add_channel(f"team-{n}") for n in range(8)]
+    people = [fake.add_user(f"U{n:03d}", name=f"p{n}", display_name=f"P {n}") for n in range(5)]
+    count, span = 120, 12.0
+    async with EchoModel() as model:
+        env = bot_env(tmp_path, **fake.env, OPENAI_BASE_URL=model.url, OPENAI_API_KEY="sk-test-intake")
+        workers: list[Worker] = []
+
+        async def start(name: str) -> Worker:
+            own = tmp_path / name
+            own.mkdir()
+            worker = await Worker.start(name, separate_config(own, pg_url, free_port()), env, tmp_path)
+            workers.append(worker)
+            await worker.ready()
+            return worker
+
+        try:
+            await start("w1")
+            second = await start("w2")
+            asked: dict[str, list[str]] = {c.id: [] for c in channels}
+            began = time.monotonic()
+
+            async def traffic() -> None:
+                for n in range(count):
+                    await asyncio.sleep(max(0.0, began + n * span / count - time.monotonic()))
+                    channel = channels[n % len(channels)]
+                    text = token(n % len(channels), n // len(channels))
+                    asked[channel.id].append(text)
+                    await fake.user_posts(channel, people[n % len(people)], f"{text} status?")
+
+            async def operations() -> None:
+                await asyncio.sleep(span * 0.3)
+                (orphan,) = intake_children(second.pid)
+                second.process.send_signal(signal.SIGKILL)
+                assert await second.finish(30) == -signal.SIGKILL
+                for _ in range(150):  # its intake process went with it
+                    if not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError("the killed worker's intake process is still running")
+                await asyncio.sleep(span * 0.2)
+                await start("w3")
+
+            await asyncio.gather(traffic(), operations())
+            await fake.wait_for(
+                lambda: all(len(answered(fake, c)) >= len(asked[c.id]) for c in channels),
+                120,
+                description="every message answered",
+            )
+            for worker in workers:
+                if worker.process.returncode is None:
+                    worker.process.send_signal(signal.SIGTERM)
+            for worker in workers:
+                if worker is not second:
+                    assert await worker.finish(60) == 0, worker.output() + worker.stderr()
+            # Nothing can arrive any more: each message answered once, in order.
+            for channel in channels:
+                assert answered(fake, channel) == asked[channel.id], channel.name
+        finally:
+            for worker in workers:
+                await worker.kill()
