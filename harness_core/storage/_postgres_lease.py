@@ -32,6 +32,7 @@ from typing import Any
 import asyncpg
 
 from harness_core.errors import LeaseLost, StorageError, StorageLocked
+from harness_core.storage._postgres_owned import close_connection, end_task
 
 log = logging.getLogger("harness_core.storage")
 
@@ -328,20 +329,13 @@ class LeaseRenewer:
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 1)
-            if not conn.is_closed():
-                conn.terminate()
+        await close_connection(conn)
 
     async def close(self) -> None:
         """Stop renewing (held leases then expire after their ttl unless released first)."""
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await end_task(task)
         await self._drop_connection()
 
 

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from harness_core.storage._postgres_owned import close_connection, end_task
+
 log = logging.getLogger("harness_core.storage")
 
 RECONNECT_EVERY = 1.0
@@ -117,16 +119,9 @@ class Notifications:
     async def close(self) -> None:
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await end_task(task)
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 1)
-            if not conn.is_closed():
-                conn.terminate()
+        await close_connection(conn)
 
 
 def _setter(event: asyncio.Event) -> Callable[[object], None]:

@@ -15,12 +15,12 @@ it exactly once. `close` fails the puts still queued and closes the connection. 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from harness_core.errors import StorageClosed
+from harness_core.storage._postgres_owned import close_connection, end_task
 
 MAX_WRITE = 500  # puts per statement: bounds the statement while a burst is queued
 
@@ -117,20 +117,13 @@ class PutLine:
     async def close(self) -> None:
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await end_task(task)
         for item in self._queue:
             if not item.done.done():
                 item.done.set_exception(StorageClosed(f"storage {self._description} is closed"))
         self._queue.clear()
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), timeout=2)
-            except Exception:
-                conn.terminate()
+        await close_connection(conn)
 
 
 def _retrieve(future: asyncio.Future[bool]) -> None:
