@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bots_cli_support import bot_env, write_config
+from bots_cli_support import bot_env, toml_value, write_config
 
 from bots.config import load_config
 from bots.runtime import Console, run_bot
@@ -22,10 +22,19 @@ def unfrozen() -> Iterator[None]:
     gc.unfreeze()  # the rest of the test session keeps its normal collector
 
 
+@pytest.mark.parametrize("store", ["sqlite", "workers"])
 async def test_once_ready_the_startup_heap_is_out_of_the_collectors_full_passes(
-    tmp_path: Path, unfrozen: None
+    tmp_path: Path, unfrozen: None, store: str, request: pytest.FixtureRequest
 ) -> None:
-    config = load_config(write_config(tmp_path))
+    path = write_config(tmp_path)
+    if store == "workers":  # a worker over a PostgreSQL store split into partitions: the same once ready
+        url: str = request.getfixturevalue("pg_url")
+        text = path.read_text().replace(
+            f"path = {toml_value(str(tmp_path / 'bot.sqlite'))}",
+            f"url = {toml_value(url)}\npartitions = 4\nlease_ttl = 2",
+        )
+        path.write_text(text)
+    config = load_config(path)
     out = io.StringIO()
     stop = asyncio.Event()
     assert gc.get_freeze_count() == 0
