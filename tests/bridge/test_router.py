@@ -448,3 +448,20 @@ async def test_one_poll_query_covers_every_owned_partition(bots: BotFactory, rou
     await routers(ingress).intake(message(place, "5.1", "found by the poll"))
     await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the poll to wake its owner")
     assert frozenset({3}) in ingress.pending_calls  # the woken partition's consumer read its own records
+
+
+async def test_a_router_that_never_consumes_does_not_listen_yet_forwards_every_message() -> None:
+    ingress = MemoryIngress()
+    router = Router(ingress, 8, consume=False)  # a worker's separate intake process: it owns nothing
+    assert ingress._callbacks == []  # no LISTEN: nothing here would ever take a record in
+    place = Place("slack", "T1", "C1")
+    result = await router.intake(message(place, "1700000000.000100", "hello"))
+    assert result.outcome == "forwarded"
+    assert [r.key for r in await ingress.pending_ingress(range(8))] == [
+        message(place, "1700000000.000100", "hello").request_id
+    ]
+    await router.stop()
+    listening = Router(ingress, 8)
+    assert len(ingress._callbacks) == 1
+    await listening.stop()
+    assert ingress._callbacks == []
