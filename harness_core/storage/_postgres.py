@@ -7,7 +7,7 @@ its ids are those of the partition (`id % partitions == partition`, see `Storage
 scans recovery uses (live tasks, submissions by status, conversations, global documents) see only its
 partition; reads by id see the whole store (a cross-partition read is a plain read, never fenced). One commit
 is one transaction on a pooled connection: the fence (the partition's lease epoch) first, then the batch's
-statements.
+statements; most commits are one statement doing both (`_postgres_commit`).
 
 `PostgresStorage.open(dsn)` is a whole store of one partition: it takes the lease (or raises `StorageLocked`,
 or waits as a standby when `on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses
@@ -44,6 +44,7 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._operator import OperatorRequest, request_from_row
+from harness_core.storage._postgres_commit import COMMIT_ONE, fits_one_statement, one_statement_args
 from harness_core.storage._postgres_lease import FENCE, Lease, LeaseHolder
 from harness_core.storage._postgres_requests import (
     CLAIM,
@@ -356,18 +357,12 @@ class PostgresStorage(SqlRecordReads):
             self._reserved = plan.reserve
 
     async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: CommitPlan) -> None:
+        if fits_one_statement(plan):
+            args = one_statement_args(plan, lease.partition, lease.holder, lease.epoch)
+            self._fenced(lease, await conn.fetchval(COMMIT_ONE, *args))
+            return
         async with conn.transaction():
-            epoch = await conn.fetchval(FENCE, lease.partition, lease.holder)
-            if epoch != lease.epoch:
-                reason = (
-                    f"storage {self._description}: the lease of partition {lease.partition} was taken over "
-                    f"(epoch {epoch} > {lease.epoch}); this process stops writing it"
-                    if epoch is not None
-                    else f"storage {self._description}: the lease of partition {lease.partition} is no "
-                    "longer ours; this process stops writing it"
-                )
-                lease.mark_lost(reason)
-                raise LeaseLost(reason)
+            self._fenced(lease, await conn.fetchval(FENCE, lease.partition, lease.holder))
             for n, (sql, rows) in enumerate(plan.statements(_ALL_STATEMENTS)):
                 if rows:
                     own = [(*row, lease.partition) for row in rows] if n < _PARTITIONED else rows
@@ -380,6 +375,20 @@ class PostgresStorage(SqlRecordReads):
                 await conn.execute(_RECLAIM_RETIRED, retire_ids)
             if plan.reserve is not None:
                 await conn.execute(_UPDATE_META, lease.partition, *plan.reserve)
+
+    def _fenced(self, lease: Lease, epoch: int | None) -> None:
+        """Raise `LeaseLost` (and mark the lease lost) unless `epoch` is the one this writer holds."""
+        if epoch == lease.epoch:
+            return
+        reason = (
+            f"storage {self._description}: the lease of partition {lease.partition} was taken over "
+            f"(epoch {epoch} > {lease.epoch}); this process stops writing it"
+            if epoch is not None
+            else f"storage {self._description}: the lease of partition {lease.partition} is no "
+            "longer ours; this process stops writing it"
+        )
+        lease.mark_lost(reason)
+        raise LeaseLost(reason)
 
     async def _resync_meta(self) -> None:
         if self._partition is None:
