@@ -159,6 +159,10 @@ async def _through_every_entry_point(backend: str, root_dir: Path, value: Any) -
 
     async def user_input() -> int:
         submission = await root.submit(Input(value))
+        # Its run fails (no model here). Wait for that: items queued behind a failed run stay queued until the
+        # next submission's boundary (only a successful run end places them), so the write below
+        # would never settle if it came in while the run was still live.
+        assert (await submission.wait()).status == "unanswered"
         return int(submission.record.entry or 0)
 
     if type(value) is str:  # an input's content is text
