@@ -6,8 +6,8 @@ bound to one partition of a store (`PostgresStore.open_partition`): every row it
 its ids are those of the partition (`id % partitions == partition`, see `StorageMeta.id_stride`), and the
 scans recovery uses (live tasks, submissions by status, conversations, global documents) see only its
 partition; reads by id see the whole store (a cross-partition read is a plain read, never fenced). One commit
-is one transaction on a pooled connection: the fence (the partition's lease epoch) first, then the batch's
-statements; most commits are one statement doing both (`_postgres_commit`).
+is one statement on a pooled connection (`_postgres_commit`): the fence (the partition's lease epoch) and every
+row of the batch.
 
 `PostgresStorage.open(dsn)` is a whole store of one partition: it takes the lease (or raises `StorageLocked`,
 or waits as a standby when `on_standby` is given); `open(dsn, read_only=True)` takes nothing and refuses
@@ -44,7 +44,7 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._operator import OperatorRequest, request_from_row
-from harness_core.storage._postgres_commit import COMMIT_ONE, fits_one_statement, one_statement_args
+from harness_core.storage._postgres_commit import COMMIT_ONE, UNKNOWN_RETIRE, one_statement_args
 from harness_core.storage._postgres_lease import FENCE, Lease, LeaseHolder
 from harness_core.storage._postgres_requests import (
     CLAIM,
@@ -72,44 +72,6 @@ log = logging.getLogger("harness_core.storage")
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
 
-# The rows of a commit (see `_sql_plan`) carry no partition: the first five statements take it as their last
-# parameter (appended to each row), so the statement texts are the same for every partition (asyncpg's
-# statement cache keeps one prepared statement per text, not one per partition).
-_STATEMENTS = (
-    "INSERT INTO conversations (id, owner_task_id, record, partition) VALUES ($1, $2, $3, $4)",
-    "INSERT INTO entries (id, conversation_id, head, record, partition) VALUES ($1, $2, $3, $4, $5)",
-    "INSERT INTO tasks (id, conversation_id, kind, live, record, partition) VALUES ($1, $2, $3, $4, $5, $6) "
-    "ON CONFLICT (id) DO UPDATE SET conversation_id = excluded.conversation_id, kind = excluded.kind, "
-    "live = excluded.live, record = excluded.record",
-    # ON CONFLICT (id): a clash on (conversation_id, request_id) with another submission must fail.
-    "INSERT INTO submissions (id, conversation_id, request_id, status, record, partition) "
-    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET "
-    "conversation_id = excluded.conversation_id, request_id = excluded.request_id, "
-    "status = excluded.status, record = excluded.record",
-    "INSERT INTO doc_records (id, kind, scope, scope_id, key, rewindable, created_seq, retired_seq, record, "
-    "partition) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-)
-_PARTITIONED = len(_STATEMENTS)
-
-
-_INSERT_CONTENT = "INSERT INTO doc_contents (doc_id, seq, part, is_base, content) VALUES ($1, $2, $3, $4, $5)"
-# A base of a current-only document makes its older revisions unreachable; rewindable history is kept.
-_RECLAIM_BEFORE_BASE = (
-    "DELETE FROM doc_contents WHERE doc_id = $1 AND (seq, part) < ($2, $3) "
-    "AND NOT (SELECT rewindable FROM doc_records WHERE id = $1)"
-)
-_ALL_STATEMENTS = (*_STATEMENTS, _INSERT_CONTENT, _RECLAIM_BEFORE_BASE)
-_RETIRE = (
-    "UPDATE doc_records d SET retired_seq = r.seq FROM unnest($1::bigint[], $2::bigint[]) AS r(seq, id) "
-    "WHERE d.id = r.id"
-)
-_RECLAIM_RETIRED = (
-    "DELETE FROM doc_contents c USING doc_records d "
-    "WHERE c.doc_id = d.id AND d.id = ANY($1::bigint[]) AND NOT d.rewindable"
-)
-_UPDATE_META = (
-    "UPDATE meta SET next_id = GREATEST(next_id, $2), last_seq = GREATEST(last_seq, $3) WHERE partition = $1"
-)
 _NEWEST_BASE = (
     "SELECT seq, part FROM doc_contents WHERE doc_id = $1 AND is_base AND seq <= $2 "
     "ORDER BY seq DESC, part DESC LIMIT 1"
@@ -357,24 +319,18 @@ class PostgresStorage(SqlRecordReads):
             self._reserved = plan.reserve
 
     async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: CommitPlan) -> None:
-        if fits_one_statement(plan):
-            args = one_statement_args(plan, lease.partition, lease.holder, lease.epoch)
-            self._fenced(lease, await conn.fetchval(COMMIT_ONE, *args))
-            return
-        async with conn.transaction():
-            self._fenced(lease, await conn.fetchval(FENCE, lease.partition, lease.holder))
-            for n, (sql, rows) in enumerate(plan.statements(_ALL_STATEMENTS)):
-                if rows:
-                    own = [(*row, lease.partition) for row in rows] if n < _PARTITIONED else rows
-                    await conn.executemany(sql, own)
-            if plan.retires:
-                retire_ids = [doc_id for _, doc_id in plan.retires]
-                status = await conn.execute(_RETIRE, [seq for seq, _ in plan.retires], retire_ids)
-                if int(status.split()[-1]) != len(set(retire_ids)):
-                    raise StorageError(f"commit retires an unknown document (ids {retire_ids})")
-                await conn.execute(_RECLAIM_RETIRED, retire_ids)
-            if plan.reserve is not None:
-                await conn.execute(_UPDATE_META, lease.partition, *plan.reserve)
+        args = one_statement_args(plan, lease.partition, lease.holder, lease.epoch)
+        try:
+            row = await conn.fetchrow(COMMIT_ONE, *args)
+        except asyncpg.InvalidTextRepresentationError as exc:
+            if UNKNOWN_RETIRE not in str(exc):
+                raise
+            retired = [doc_id for _, doc_id in plan.retires]
+            raise StorageError(
+                f"storage {self._description}: commit retires an unknown document (ids {retired})"
+            ) from exc
+        assert row is not None  # the statement's SELECT always returns one row
+        self._fenced(lease, row["epoch"])
 
     def _fenced(self, lease: Lease, epoch: int | None) -> None:
         """Raise `LeaseLost` (and mark the lease lost) unless `epoch` is the one this writer holds."""

@@ -1,11 +1,9 @@
 """A TCP proxy in front of the test cluster that makes a commit's outcome unknown to the client while the commit
-lands: armed, it passes the next write's commit to the server, drops the server's answer and then cuts the
-client's connection (a network failure at the worst moment). With `hold`, it first keeps the commit that long
-(the client gives up meanwhile) and passes it on afterwards: the commit lands after the client stopped waiting.
+lands: armed, it passes the next commit to the server, drops the server's answer and then cuts the client's
+connection (a network failure at the worst moment). With `hold`, it first keeps the commit that long (the
+client gives up meanwhile) and passes it on afterwards: the commit lands after the client stopped waiting.
 
-What is "the commit" depends on how the store writes: `COMMIT` ends a transaction of several statements; a
-commit sent as one statement (`_postgres_commit`) is the Execute of that prepared statement (`trigger =
-EXECUTE`)."""
+A commit is one statement (`_postgres_commit`); "the commit" is the Execute of that prepared statement."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import asyncio
 import contextlib
 from urllib.parse import urlsplit, urlunsplit
 
-COMMIT = b"COMMIT"
 EXECUTE = b"E\x00\x00\x00\x09\x00"  # Execute, unnamed portal (asyncpg's; the row limit follows)
 ONE_STATEMENT = b"WITH fence AS"  # the text of `_postgres_commit.COMMIT_ONE`, sent when it is prepared
 
@@ -27,7 +24,6 @@ class CommitCutter:
         self._listener: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.armed = False
-        self.trigger = COMMIT
         self.hold = 0.0  # seconds to keep the COMMIT before passing it on
         self.holding = asyncio.Event()  # set while a COMMIT is held
         self.cut = 0  # connections cut so far
@@ -77,12 +73,10 @@ class CommitCutter:
             cut_here = False
             if (at := data.find(b"\x00" + ONE_STATEMENT)) > 0:
                 commit_statement = data[data.rfind(b"__asyncpg_stmt_", 0, at) : at + 1]
-            elif self.trigger == EXECUTE:
+            else:
                 # Bind of the commit statement, then Execute (asyncpg prepares it, introspects types, runs it).
                 runs_commit = commit_statement is not None and commit_statement in data
                 cut_here = self.armed and runs_commit and EXECUTE in data
-            else:
-                cut_here = self.armed and COMMIT in data
             if cut_here:
                 self.armed = False
                 cutting.set()  # from now on nothing reaches the client

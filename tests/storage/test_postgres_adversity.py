@@ -13,13 +13,12 @@ import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pg_commit_cutter import COMMIT, EXECUTE, CommitCutter
+from pg_commit_cutter import CommitCutter
 from pg_partition_support import expire, open_handle
 
 from harness_core.errors import LeaseLost, StorageClosed, StorageError, StorageRequestError, StrictJsonError
 from harness_core.records import Conversation, Task, TaskState
 from harness_core.storage import CommitBatch, PostgresStorage, PostgresStore, redact_url
-from harness_core.storage import _postgres as postgres_module
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate
 
 
@@ -85,18 +84,7 @@ async def assert_landed_and_kept(url: str) -> None:
         await check.close()
 
 
-@pytest.fixture(params=["one statement", "transaction"])
-def commit_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bytes:
-    """Both ways a commit is sent (`_postgres_commit`): returns what the cutter must cut at."""
-    if request.param == "one statement":
-        return EXECUTE
-    monkeypatch.setattr(postgres_module, "fits_one_statement", lambda plan: False)
-    return COMMIT
-
-
-async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id(
-    pg_url: str, commit_path: bytes
-) -> None:
+async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id(pg_url: str) -> None:
     # The connection drops after the server committed but before the answer: the handle cannot know the
     # commit landed. Its close must not then store its stale exact next id below the ids that commit used
     # (the harness closes the storage after such a failure; a successor would mint those ids again).
@@ -104,7 +92,7 @@ async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id
     store = await PostgresStore.open(await cutter.start(), partitions=4, lease_ttl=30)
     try:
         handle = await open_handle(store, 1)
-        cutter.armed, cutter.trigger = True, commit_path
+        cutter.armed = True
         with pytest.raises(StorageError, match="outcome unknown"):
             await handle.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
         assert cutter.cut == 1
@@ -115,16 +103,14 @@ async def test_a_commit_whose_outcome_is_unknown_never_lowers_the_stored_next_id
         await cutter.close()
 
 
-async def test_a_cancelled_commit_that_lands_later_never_lowers_the_stored_next_id(
-    pg_url: str, commit_path: bytes
-) -> None:
+async def test_a_cancelled_commit_that_lands_later_never_lowers_the_stored_next_id(pg_url: str) -> None:
     # Cancelled while its COMMIT is on the way: the handle drops the connection and reads the stored meta back,
     # but the COMMIT can still land after that read. Close must then keep the reservation, not the meta read.
     cutter = CommitCutter(pg_url)
     store = await PostgresStore.open(await cutter.start(), partitions=4, lease_ttl=30)
     try:
         handle = await open_handle(store, 1)
-        cutter.armed, cutter.hold, cutter.trigger = True, 1.0, commit_path
+        cutter.armed, cutter.hold = True, 1.0
         commit = asyncio.create_task(
             handle.commit([CommitBatch(seq=1, next_id=9, conversations=[Conversation(id=5)])])
         )
