@@ -180,7 +180,11 @@ class PostgresStore:
                 max_size=max(pool_size, 1),
                 timeout=connect_timeout,
                 command_timeout=60,
-                server_settings={"application_name": _APP},
+                # Generic plans: the commit statement (`_postgres_commit`) is one statement of many parts, and
+                # PostgreSQL's default kept planning it anew for every execution (it estimates the generic plan
+                # dearer for its arrays): 2.6x the server's CPU per commit and twice the wall time, measured
+                # (benchmarks/RESULTS.md). The reads are indexed lookups whose plans do not depend on values.
+                server_settings={"application_name": _APP, "plan_cache_mode": "force_generic_plan"},
                 reset=_keep_session,
             )
         except _DRIVER_ERRORS as exc:
