@@ -44,7 +44,7 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._operator import OperatorRequest, request_from_row
-from harness_core.storage._postgres_commit import COMMIT_ONE, UNKNOWN_RETIRE, one_statement_args
+from harness_core.storage._postgres_commit import UNKNOWN_RETIRE, commit_statement
 from harness_core.storage._postgres_lease import FENCE, Lease, LeaseHolder
 from harness_core.storage._postgres_requests import (
     CLAIM,
@@ -319,9 +319,9 @@ class PostgresStorage(SqlRecordReads):
             self._reserved = plan.reserve
 
     async def _write(self, conn: asyncpg.pool.PoolConnectionProxy, lease: Lease, plan: CommitPlan) -> None:
-        args = one_statement_args(plan, lease.partition, lease.holder, lease.epoch)
+        sql, args = commit_statement(plan, lease.partition, lease.holder, lease.epoch)
         try:
-            row = await conn.fetchrow(COMMIT_ONE, *args)
+            row = await conn.fetchrow(sql, *args)
         except asyncpg.InvalidTextRepresentationError as exc:
             if UNKNOWN_RETIRE not in str(exc):
                 raise

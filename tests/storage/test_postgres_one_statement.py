@@ -15,10 +15,11 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_partition_support import open_handle
 
 from harness_core.errors import StorageError
 from harness_core.records import Conversation, DocumentContent
-from harness_core.storage import CommitBatch, PostgresStorage, SqliteStorage
+from harness_core.storage import CommitBatch, PostgresStorage, PostgresStore, SqliteStorage
 from harness_core.storage._protocol import DocChange
 from harness_core.testing._storage_conformance import conv, create, doc, entry, sub, task
 
@@ -182,3 +183,24 @@ async def test_a_retire_of_an_unknown_document_refuses_the_whole_commit(pg_url: 
         assert await pg.conversation(3) is not None
     finally:
         await pg.close()
+
+
+async def test_the_commit_statement_is_planned_once_not_on_every_commit(pg_url: str) -> None:
+    # PostgreSQL's default would plan this many-part statement anew on every execution (custom plans): most of
+    # the server's work per commit. The store's connections use generic plans. (The first commit also writes
+    # the meta reservation: a statement of its own shape.)
+    store = await PostgresStore.open(pg_url, partitions=1, pool_size=1)  # every commit on the same connection
+    try:
+        handle = await open_handle(store, 0)
+        for seq in range(1, 11):
+            await handle.commit([CommitBatch(seq=seq, next_id=seq + 1, conversations=[Conversation(id=seq)])])
+        async with store.pool.acquire() as conn:
+            plans = await conn.fetchrow(
+                "SELECT sum(generic_plans) AS generic_plans, sum(custom_plans) AS custom_plans "
+                "FROM pg_prepared_statements WHERE statement LIKE 'WITH fence AS%'"
+            )
+        assert plans is not None
+        assert (plans["generic_plans"], plans["custom_plans"]) == (10, 0)
+        await handle.close()
+    finally:
+        await store.close()
