@@ -180,11 +180,8 @@ class PostgresStore:
                 max_size=max(pool_size, 1),
                 timeout=connect_timeout,
                 command_timeout=60,
-                # Generic plans: the commit statement (`_postgres_commit`) is one statement of many parts, and
-                # PostgreSQL's default kept planning it anew for every execution (it estimates the generic plan
-                # dearer for its arrays): 2.6x the server's CPU per commit and twice the wall time, measured
-                # (benchmarks/RESULTS.md). The reads are indexed lookups whose plans do not depend on values.
-                server_settings={"application_name": _APP, "plan_cache_mode": "force_generic_plan"},
+                server_settings={"application_name": _APP},
+                init=_generic_plans,
                 reset=_keep_session,
             )
         except _DRIVER_ERRORS as exc:
@@ -522,12 +519,24 @@ class PostgresStore:
 _META = "SELECT next_id, last_seq FROM meta WHERE partition = $1"
 
 
+async def _generic_plans(conn: asyncpg.Connection) -> None:
+    """Each pooled connection plans a prepared statement once (generic plans). The commit statement
+    (`_postgres_commit`) has many parts, and PostgreSQL's default planned it anew on every execution (it
+    estimates the generic plan dearer for its arrays): 2.6x the server's CPU per commit and twice the wall time,
+    measured (benchmarks/RESULTS.md). The reads are indexed lookups whose plans do not depend on the values.
+    A SET, not a startup parameter: connection poolers such as PgBouncer refuse startup parameters they do not
+    know. A server without the setting (before PostgreSQL 12) plans as it always did."""
+    with contextlib.suppress(asyncpg.UndefinedObjectError):
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """The pool's reset on release, instead of asyncpg's default query (advisory unlock, CLOSE ALL, UNLISTEN,
     RESET ALL: one more round trip per storage call, ~10% of a busy worker's samples under py-spy). Pooled
-    connections keep no session state: LISTEN is on the store's own connection, nothing is SET, cursors live in
-    transactions, and the migration's advisory lock is released by `migrate` (or goes with the pool when
-    `open` fails). asyncpg still rolls back a transaction left open before calling this."""
+    connections keep no session state but `_generic_plans`' SET, which is meant to last: LISTEN is on the
+    store's own connection, cursors live in transactions, and the migration's advisory lock is released by
+    `migrate` (or goes with the pool when `open` fails). asyncpg still rolls back a transaction left open before
+    calling this."""
 
 
 async def _quietly(closing: Iterable[Awaitable[None]]) -> None:
