@@ -6,6 +6,7 @@ does not exist refuses the whole commit."""
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +16,13 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pg_partition_support import open_handle
+from pg_partition_support import expire, open_handle
 
-from harness_core.errors import StorageError
+from harness_core.errors import LeaseLost, StorageError
 from harness_core.records import Conversation, DocumentContent
 from harness_core.storage import CommitBatch, PostgresStorage, PostgresStore, SqliteStorage
 from harness_core.storage._protocol import DocChange
-from harness_core.testing._storage_conformance import conv, create, doc, entry, sub, task
+from harness_core.testing._storage_conformance import base, conv, create, delta, doc, entry, sub, task
 
 COLUMNS = {
     "conversations": ("id", "owner_task_id, record"),
@@ -130,8 +131,6 @@ async def pg_rows(url: str, start: int) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def sqlite_rows(path: Path, start: int) -> dict[str, list[tuple[Any, ...]]]:
-    import sqlite3
-
     with sqlite3.connect(path) as conn:
         return {
             table: [
@@ -204,3 +203,50 @@ async def test_the_commit_statement_is_planned_once_not_on_every_commit(pg_url: 
         await handle.close()
     finally:
         await store.close()
+
+
+async def test_a_fenced_out_commit_writes_nothing_in_any_part(pg_url: str) -> None:
+    # Every part of the statement is guarded by the fence, not only the first: a commit that touches every
+    # table (and the meta reservation) from a holder whose lease was taken over leaves every row as it was.
+    old_store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=30)
+    new_store = await PostgresStore.open(pg_url, partitions=4, lease_ttl=30)
+    try:
+        old = await open_handle(old_store, 1)
+        kept = doc(5, 1, scope="conversation", scope_id=1)
+        await old.commit(
+            [CommitBatch(seq=1, next_id=9, conversations=[conv(1)], doc_creates=[create(kept, {"n": 0})])]
+        )
+        await old.commit(
+            [
+                CommitBatch(
+                    seq=2, next_id=9, doc_changes=[delta(5, 2, {"op": "add", "path": "/m", "value": 1})]
+                )
+            ]
+        )
+        before = await pg_rows(pg_url, 0)
+        conn = await asyncpg.connect(pg_url)
+        meta_before = await conn.fetch("SELECT * FROM meta ORDER BY partition")
+        await expire(pg_url, 1)
+        new = await open_handle(new_store, 1)
+        everything = [
+            CommitBatch(
+                seq=3,
+                next_id=99_999,  # past the reservation: the meta row would be written too
+                conversations=[conv(9)],
+                entries=[entry(13, 1)],
+                tasks=[task(17, 1)],
+                submissions=[sub(21, 1, request_id="r")],
+                doc_creates=[create(doc(25, 3, scope="conversation", scope_id=1), {"n": 1})],
+                doc_changes=[base(5, 3, {"n": 2})],
+                doc_retires=[5],
+            )
+        ]
+        with pytest.raises(LeaseLost, match="partition 1"):
+            await old.commit(everything)
+        assert await pg_rows(pg_url, 0) == before
+        assert await conn.fetch("SELECT * FROM meta ORDER BY partition") == meta_before
+        await conn.close()
+        await new.close()
+    finally:
+        await old_store.close()
+        await new_store.close()
