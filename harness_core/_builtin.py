@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from harness_core._compaction import CompactionTask
 from harness_core._generation import GenerationTask, convert_partial
-from harness_core._inbox import settle_inputs
+from harness_core._inbox import after_failed_run, settle_inputs
 from harness_core.documents import LiveDoc
 from harness_core.extensions import Registry
 from harness_core.records import Task
@@ -38,6 +38,7 @@ async def cleanup_failed_task(harness: Harness, tx: Tx, task: Task) -> None:
         await settle_inputs(tx, [int(i) for i in run.get("inputs", [])], reason=reason, detail=detail)
         for key in ("run", "generation", "tools"):
             live.value.pop(key, None)
+        await after_failed_run(harness, tx, task.conversation_id)
     elif task.kind == "core.tool":
         for slot in live.value.get("tools", []):
             if slot.get("task_id") == task.id:

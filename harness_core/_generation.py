@@ -18,7 +18,7 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from harness_core._inbox import final_boundary, select, settle_inputs
+from harness_core._inbox import after_failed_run, final_boundary, select, settle_inputs
 from harness_core._json import clean_text
 from harness_core._prompt import plan_system, render_sections
 from harness_core.context import ContextView, provider_messages, replay_system
@@ -46,14 +46,15 @@ async def _run_inputs(tx: Tx, task: Task) -> list[int]:
     return [int(i) for i in run.get("inputs", [])]
 
 
-async def _fail_run(tx: Tx, task: Task, reason: str, detail: str | None) -> Fail:
-    """Settle the run's inputs unanswered and end the run (the inbox keeps what is queued)."""
+async def _fail_run(harness: Harness, tx: Tx, task: Task, reason: str, detail: str | None) -> Fail:
+    """Settle the run's inputs unanswered and end the run; what is queued goes on per `after_failed_run`."""
     inputs = await _run_inputs(tx, task)
     await settle_inputs(tx, inputs, reason=reason, detail=detail)
     live = await tx.doc(LiveDoc, task.conversation_id)
     if live.value.get("run", {}).get("task_id") == task.id:
         for key in ("run", "generation", "tools"):
             live.value.pop(key, None)
+        await after_failed_run(harness, tx, task.conversation_id)
     return Fail(detail or reason, detail={"reason": reason})
 
 
@@ -101,7 +102,7 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
     info = harness.models.get_model(agent.model) if agent.model is not None else None
     if agent.model is None or info is None:
         detail = "no model configured" if agent.model is None else f"unknown model {agent.model}"
-        await runtime.commit(lambda tx, t: _fail_run(tx, t, "no_model", detail))
+        await runtime.commit(lambda tx, t: _fail_run(harness, tx, t, "no_model", detail))
         return
     if checkpoint.get("overflow") is not None:
         compaction = await harness.get_task(int(compacted)) if compacted is not None else None
@@ -112,7 +113,7 @@ async def _prepare(task: Task, runtime: TaskRuntime) -> None:
         )
         if not (isinstance(result, dict) and result.get("entry_id")):
             overflow_text = str(checkpoint["overflow"])
-            await runtime.commit(lambda tx, t: _fail_run(tx, t, "model_error", overflow_text))
+            await runtime.commit(lambda tx, t: _fail_run(harness, tx, t, "model_error", overflow_text))
             return
 
     env = None
@@ -243,7 +244,7 @@ async def _request(task: Task, runtime: TaskRuntime) -> None:
 
     info = harness.models.get_model(ref)
     if info is None:
-        await runtime.commit(lambda tx, t: _fail_run(tx, t, "no_model", f"unknown model {ref}"))
+        await runtime.commit(lambda tx, t: _fail_run(harness, tx, t, "no_model", f"unknown model {ref}"))
         return
     agent = await harness.resolve_agent(task.conversation_id)
     provider_doc = await harness.snapshot(ProviderDoc, task.conversation_id) or {}
@@ -443,7 +444,7 @@ async def _classify(
 
     async def fail(tx: Tx, t: Task) -> Fail:
         await _append_failed_attempt(tx, t, message)
-        return await _fail_run(tx, t, "model_error", error_text)
+        return await _fail_run(harness, tx, t, "model_error", error_text)
 
     await runtime.commit(fail)
 

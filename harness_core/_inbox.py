@@ -272,6 +272,18 @@ async def final_boundary(
     return None
 
 
+async def after_failed_run(harness: Harness, tx: Tx, conversation_id: int) -> None:
+    """A run has just ended without an answer (model error, no model, a faulted or orphaned generation).
+
+    With `after_failed_run = "continue"` the queued items are placed now, as if the run had answered, so the
+    next run starts in this commit: in a chat the message queued behind a failed one is often someone else's,
+    and holding it until someone speaks again would silence the channel. `"hold"` keeps them queued until the
+    next submission's boundary (pi-durable's rule).
+    """
+    if harness.settings.after_failed_run == "continue":
+        await final_boundary(harness, tx, conversation_id, settle_inputs=None)
+
+
 async def _settle_answered(tx: Tx, inputs: list[int], answer: int) -> None:
     await settle_inputs(tx, inputs, answer=answer)
 

@@ -73,6 +73,9 @@ class HarnessSettings:
     tool_execution: Literal["parallel", "sequential"] = "parallel"
     steering_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
     follow_up_mode: Literal["one-at-a-time", "all"] = "one-at-a-time"
+    # Queued items when a run ends without an answer: "continue" places them at once (the next run starts),
+    # "hold" keeps them until the next submission (pi-durable). See `_inbox.after_failed_run`.
+    after_failed_run: Literal["continue", "hold"] = "continue"
     restart_limit: int = 5  # process deaths at the same step before a task is parked
     stream: dict[str, Any] = field(default_factory=dict)  # provider options pinned into each request
     context_retention_ms: int = 600_000
