@@ -677,6 +677,9 @@ async def _abort(task: Task, runtime: TaskRuntime) -> None:
         if live.value.get("run", {}).get("task_id") == t.id:
             for key in ("run", "generation", "tools"):
                 live.value.pop(key, None)
+            # `Conversation.abort` withdrew the queued inputs first; this continues what came after it, or what
+            # queued behind a single answer an operator cancelled.
+            await after_failed_run(runtime.harness, tx, t.conversation_id)
         return Aborted(reason=t.abort_reason)
 
     await runtime.commit(commit)

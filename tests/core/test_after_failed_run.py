@@ -119,6 +119,45 @@ async def test_a_follow_up_queued_behind_a_faulted_generation_is_answered() -> N
     await harness.close()
 
 
+async def test_a_follow_up_queued_behind_a_cancelled_answer_is_answered_and_a_conversation_abort_withdraws_it() -> (
+    None
+):
+    asked: list[str] = []
+    stuck = asyncio.Event()
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        last = user_text([m for m in request.messages if isinstance(m, UserMessage)][-1])
+        asked.append(last)
+        if last == "one":  # a stuck answer: streams for minutes, cancelled by an operator
+            stuck.set()
+            return faux_assistant([faux_text("slow " * 5000)])
+        return faux_assistant([faux_text(f"answer to {last}")])
+
+    harness, faux = await open_harness(responder=respond)
+    faux.chunk_size, faux.delay_ms = 1, 20
+    root = await harness.root(agent=FAUX)
+    first = await root.submit(Input("one"))
+    second = await root.submit(Input("two"))
+    await stuck.wait()
+    live = await harness.snapshot(LiveDoc, root.id)
+    assert await harness.abort_task(int(live["run"]["task_id"])) == "marked"
+    assert ((await first.wait()).status, (await first.status()).reason) == ("unanswered", "aborted")
+    assert (await second.wait()).status == "done" and asked == ["one", "two"]
+
+    # A conversation abort (a stop button) withdraws what is queued: nothing runs after it.
+    asked.clear()
+    stuck.clear()
+    third = await root.submit(Input("one"))
+    fourth = await root.submit(Input("four"))
+    await stuck.wait()
+    await root.abort()
+    assert [((await s.wait()).status, (await s.status()).reason) for s in (third, fourth)] == [
+        ("unanswered", "aborted")
+    ] * 2
+    assert asked == ["one"]
+    await harness.close()
+
+
 async def _entries(harness, conversation_id):  # type: ignore[no-untyped-def]
     handle = await harness.conversation(conversation_id)
     return list((await handle.entries(limit=100, order="asc")).items)
