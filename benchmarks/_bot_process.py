@@ -32,7 +32,7 @@ lease_ttl = {ttl}
 {partitions}
 [workers]
 intake = "{intake}"
-
+{worker_nice}
 [answer]
 mode = "mentions"
 
@@ -97,6 +97,7 @@ class BotProcess:
         mode: str = "socket",
         partitions: int | None = None,
         intake: str = "shared",
+        worker_nice: int | None = None,
     ) -> None:
         self.name = name
         self.admin_port = free_port()
@@ -118,6 +119,7 @@ class BotProcess:
                 mode=mode,
                 http_port=self.http_port,
                 intake=intake,
+                worker_nice="" if worker_nice is None else f"worker_nice = {worker_nice}\n",
             )
         )
 

@@ -156,6 +156,10 @@ class WorkersSection(_Section):
     # commit, acknowledgement) in a child process of its own, so an acknowledgement never waits behind this
     # worker's turns; the worker itself answers and delivers. "shared": one process does both.
     intake: Literal["shared", "separate"] = "shared"
+    # With "separate": the niceness (0-19) the worker lowers itself to once its intake process runs, so on a
+    # saturated CPU acknowledgements get it first and turns end a little later (`bots.cpu_priority`); 0 keeps
+    # the normal priority.
+    worker_nice: int = Field(default=10, ge=0, le=19)
 
 
 class AnswerSection(_Section):

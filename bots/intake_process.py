@@ -33,6 +33,7 @@ from adapters.bridge import Router
 from adapters.redact import install_log_redaction, redact_url
 from bots.background import OwnedLoop
 from bots.config import BotConfig
+from bots.cpu_priority import SpawnedProcess, Spawner
 from bots.runtime import EXIT_OK, EXIT_STORAGE, BotError, Console, adapter_url, freeze_startup_heap
 from harness_core import StorageError
 from harness_core.storage import PostgresStore
@@ -79,7 +80,9 @@ class IntakeChild(OwnedLoop):
         self.say = say
         self.start_timeout = start_timeout
         self.restart_delays = tuple(restart_delays)
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: SpawnedProcess | None = None
+        # Started now, before the worker may lower its priority: children are forked from its thread.
+        self.spawner = Spawner()
         self.ready = False
         self.starts = 0  # children started (tests, the console)
         self._ready = asyncio.Event()
@@ -104,6 +107,7 @@ class IntakeChild(OwnedLoop):
             assert self.process is not None
             exited = self.process.returncode
             await self._end(self.process)
+            self.spawner.close()
             raise BotError(
                 "the separate intake process did not start"
                 + (f" (exit code {exited})" if exited is not None else f" within {self.start_timeout:g} s")
@@ -117,19 +121,13 @@ class IntakeChild(OwnedLoop):
         # A session of its own: a terminal's Ctrl-C reaches the worker only, which stops the child after its
         # drain; and where the kernel groups CPU time by session (autogroup), the child's few, short wake-ups
         # are not queued behind the worker's turns.
-        self.process = await asyncio.create_subprocess_exec(
-            *self.argv,
-            env=self.env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
+        self.process = await self.spawner.spawn(self.argv, self.env)
         self.starts += 1
         self._lines = asyncio.get_running_loop().create_task(
             self._relay(self.process), name="intake-child-lines"
         )
 
-    async def _relay(self, process: asyncio.subprocess.Process) -> None:
+    async def _relay(self, process: SpawnedProcess) -> None:
         """The child's console lines, said here with a prefix; its ready line marks it ready."""
         assert process.stdout is not None
         while line := await process.stdout.readline():
@@ -182,8 +180,9 @@ class IntakeChild(OwnedLoop):
         """Stop watching, then stop the child: SIGTERM, then SIGKILL after `STOP_TIMEOUT`."""
         await self.stop()
         await self._end(self.process)
+        self.spawner.close()
 
-    async def _end(self, process: asyncio.subprocess.Process | None) -> int | None:
+    async def _end(self, process: SpawnedProcess | None) -> int | None:
         if process is None:
             return None
         if process.returncode is None:

@@ -37,6 +37,7 @@ from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
 from bots.background import OwnedLoop
 from bots.config import BotConfig
+from bots.cpu_priority import lower_priority
 from bots.intake_process import IntakeChild
 from bots.metrics import BotMetrics
 from bots.partition_stack import Desks, PartitionHost
@@ -367,6 +368,8 @@ async def _serve(
                 say(f"{adapter.name}: {redact_url(shown)}")
         for child in intake:
             await child.begin(stop)
+            if config.workers.worker_nice and not stop.is_set():
+                say(lower_priority(config.workers.worker_nice, keep={child.spawner.thread_id}).describe())
         for adapter in started:
             if callable(getattr(adapter, "set_shards", None)):
                 shards = ShardHost(

@@ -391,6 +391,16 @@ def test_check_config_names_every_missing_slack_secret_at_once(
     assert "SLACK_BOT_TOKEN is not set" in out and "SLACK_APP_TOKEN is not set" in out  # both, in one run
 
 
+def test_workers_worker_nice_is_a_niceness_from_0_to_19() -> None:
+    assert problems("[workers]\nworker_nice = 20\n") == [
+        "bot.toml:2: workers.worker_nice: Input should be less than or equal to 19 (got 20)"
+    ]
+    assert problems("[workers]\nworker_nice = -5\n") == [
+        "bot.toml:2: workers.worker_nice: Input should be greater than or equal to 0 (got -5)"
+    ]
+    assert problems("[workers]\nworker_nice = 0\n") == []
+
+
 def test_workers_intake_names_its_two_choices() -> None:
     assert problems('[workers]\nintake = "both"\n') == [
         "bot.toml:2: workers.intake: Input should be 'shared' or 'separate' (got 'both')"

@@ -23,6 +23,7 @@ from bots_cli_support import bot_env, cli, free_port, shipped_config_in, toml_va
 from workers_support import TOKEN, EchoModel, Worker, token
 
 from adapters.slack.testing import Channel, FakeSlack
+from bots.cpu_priority import thread_nice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -87,6 +88,9 @@ async def test_a_frozen_worker_still_acknowledges_through_its_intake_process_and
                 for line in worker.lines
             )
             assert (await readyz(admin))["status"] == 200
+            # The worker lowered its threads below its child (`worker_nice`, default 10); the child did not.
+            assert "durable-bots: worker CPU priority lowered to nice 10 (its threads)" in worker.output()
+            assert thread_nice(worker.pid) == 10 and thread_nice(child.pid) == 0
 
             for n, channel in enumerate(channels):
                 await (await fake.user_posts(channel, alice, f"{token(n, 0)} warm up")).wait_acked(30)
@@ -120,6 +124,9 @@ async def test_a_frozen_worker_still_acknowledges_through_its_intake_process_and
                 lambda line: "durable-bots intake: ready" in line and f"pid {child.pid}" not in line, 60
             )
             await late.wait_acked(30)  # resent by Slack to the new child's connection
+            # Started again by the worker, whose threads are at nice 10: the new child still runs at 0.
+            [restarted] = intake_children(worker.pid)
+            assert restarted.pid != child.pid and thread_nice(restarted.pid) == 0
             await fake.wait_for(lambda: len(answered(fake, channels[0])) >= 4, 60, description="the late one")
             await asyncio.sleep(1.5)  # time for anything (wrongly) answered twice to show up
             for n, channel in enumerate(channels):

@@ -5,6 +5,7 @@ with SIGTERM, and refuses to run deaf when the first start fails."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -116,3 +117,57 @@ async def test_a_restarted_child_that_hangs_before_ready_is_stopped_and_started_
         await wait_until(lambda: child.starts == 3 and child.problem() is None)
     finally:
         await child.end()
+
+
+# A worker in a session of its own (as under a service manager): it lowers its threads and, where the kernel
+# groups CPU time by session, its session; children it starts (and starts again) keep the normal priority.
+LOWERING = f"""
+import asyncio, json, os, sys
+from bots.cpu_priority import lower_priority, session_nice, thread_nice
+from bots.intake_process import IntakeChild
+
+async def main():
+    child = IntakeChild([sys.executable, "-c", {CHILD!r}, sys.argv[1]], {{}}, lambda line: None,
+                        restart_delays=(0.1,))
+    await child.begin()
+    lowered = lower_priority(7, keep={{child.spawner.thread_id}})
+    while child.starts < 2 or child.problem() is not None:  # the stand-in exits once; started again
+        await asyncio.sleep(0.05)
+    second = child.pid
+    assert second is not None
+    report = {{
+        "lowered_session": lowered.session,
+        "worker": thread_nice(os.getpid()),
+        "worker_session": session_nice(os.getpid()),
+        "second": thread_nice(second),
+        "second_session": session_nice(second),
+        "autogroup": open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() == "1",
+    }}
+    await child.end()
+    print(json.dumps(report), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_worker_leading_its_session_lowers_it_and_its_threads_but_never_its_children(
+    tmp_path: Path,
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LOWERING,
+        str(tmp_path / "started-once"),
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, out
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["worker"] == 7
+    assert report["second"] == 0  # started again after the worker lowered itself: forked by the spawner
+    if report["autogroup"]:  # the kernel shares CPU time between sessions: the worker's session is lowered
+        assert report["lowered_session"] and report["worker_session"] == 7
+        assert report["second_session"] == 0
+    else:
+        assert not report["lowered_session"]
