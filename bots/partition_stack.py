@@ -24,11 +24,11 @@ from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
 from bots.runtime import approval_policies, bridge_config, load_plugin, sync_conversations
 from harness_core import AgentChange, Harness, HarnessSettings, Models, Registry, WatchdogSettings
-from harness_core.storage import PostgresStorage
+from harness_core.storage import PostgresStorage, PostgresStore
 
 log = logging.getLogger("bots.workers")
 
-DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned partitions (one query each)
+DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned partitions (one query for all)
 MIN_CACHE_BYTES = 128 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
@@ -222,13 +222,22 @@ class Desks(OwnedLoop):
 
     task_name = "operator-desks"
 
-    def __init__(self, host: PartitionHost) -> None:
+    def __init__(self, host: PartitionHost, store: PostgresStore) -> None:
         self.host = host
+        self.store = store
 
     async def _run(self) -> None:
         while True:
-            for part in list(self.host.parts.values()):
-                if part.harness.closed.done() or part.gone.done():
+            try:  # one look for every owned partition; each partition with something is asked itself
+                waiting = await self.store.partitions_with_operator_requests(list(self.host.parts))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the database unreachable for a moment: look again next time
+                log.warning("operator requests: %s", exc)
+                waiting = set()
+            for number in sorted(waiting):
+                part = self.host.parts.get(number)
+                if part is None or part.harness.closed.done() or part.gone.done():
                     continue  # being closed: its requests stay pending for its next owner
                 try:
                     for request in await part.storage.pending_operator_requests():

@@ -65,7 +65,6 @@ from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resou
 
 log = logging.getLogger("bots.workers")
 
-DESK_POLL = 0.5  # seconds between two looks for operator requests in the owned partitions (one query each)
 MIN_CACHE_BYTES = 512 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
@@ -333,7 +332,7 @@ async def _serve(
         grace=rescue_grace(ttl),
         on_owned_changed=report.changed,
     )
-    desks = Desks(host)
+    desks = Desks(host, store)
     pruner = IngressPruner(store)
     shard_balancers: list[Balancer] = []
     code = EXIT_OK

@@ -32,6 +32,10 @@ PENDING = (
     f"SELECT {REQUEST_COLUMNS} FROM operator_requests WHERE partition = $1 AND status IN ('pending', 'taken') "
     "ORDER BY id LIMIT $2"
 )
+WAITING = (  # which of these partitions have requests to carry out: one look for all a worker owns
+    "SELECT DISTINCT partition FROM operator_requests WHERE partition = ANY($1::int[]) "
+    "AND status IN ('pending', 'taken')"
+)
 SETTLE = (  # withdraw: only a request nobody took
     f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "
     "WHERE id = $1 AND status = 'pending'"

@@ -59,6 +59,7 @@ from harness_core.storage._postgres_lease import (
 )
 from harness_core.storage._postgres_listen import Notifications
 from harness_core.storage._postgres_put import PutLine
+from harness_core.storage._postgres_requests import WAITING as OPERATOR_REQUESTS_WAITING
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, store_partitions, stored_version
 from harness_core.storage._postgres_wake import Waker
 from harness_core.storage._protocol import StorageMeta
@@ -441,6 +442,18 @@ class PostgresStore:
             "read pending ingress", lambda conn: conn.fetch(PENDING_INGRESS, wanted, max(limit, 0))
         )
         return [ingress_from_row(row) for row in rows]
+
+    async def partitions_with_operator_requests(self, partitions: Collection[int]) -> set[int]:
+        """Which of these partitions have operator requests pending (or taken and unfinished): one statement
+        for every partition a worker owns, so it asks each partition's storage only when there is something."""
+        self._check()
+        wanted = sorted(set(partitions))
+        if not wanted:
+            return set()
+        rows = await self._call(
+            "look for operator requests", lambda conn: conn.fetch(OPERATOR_REQUESTS_WAITING, wanted)
+        )
+        return {int(row["partition"]) for row in rows}
 
     async def finish_ingress(self, record_id: int) -> None:
         """Mark a record done, after the owner's intake of it committed (finishing twice is harmless)."""

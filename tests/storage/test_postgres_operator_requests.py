@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from harness_core.errors import LeaseLost, StorageError
-from harness_core.storage import OperatorRequests, PostgresStorage
+from harness_core.storage import OperatorRequests, PostgresStorage, PostgresStore
 from harness_core.storage._postgres_schema import migrate
 
 
@@ -133,3 +133,25 @@ async def test_any_request_round_trips_through_the_table(
         assert found.outcome == {"message": "x", "value": outcome}
     finally:
         await reader.close()
+
+
+async def test_one_look_names_the_partitions_with_requests_to_carry_out(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=8)
+    try:
+        reader = store.reader()
+        retry = await reader.put_operator_request("retry", {"task": 11})  # ids say their partition: 3
+        await reader.put_operator_request("cancel", {"task": 3})
+        decide = await reader.put_operator_request("decide", {"gate": 14, "approve": True, "name": "oncall"})
+        assert await store.partitions_with_operator_requests(range(8)) == {3, 6}
+        assert await store.partitions_with_operator_requests([0, 1, 2, 7]) == set()
+        assert await store.partitions_with_operator_requests([]) == set()
+        owner = await store.open_partition(6)
+        assert isinstance(owner, PostgresStorage)
+        assert await owner.claim_operator_request(decide)  # taken, not finished: still to carry out
+        assert await store.partitions_with_operator_requests([6]) == {6}
+        assert await owner.finish_operator_request(decide, "done", {"message": "approved"})
+        assert await reader.withdraw_operator_request(retry)
+        assert await store.partitions_with_operator_requests(range(8)) == {3}  # the cancel is left
+        await owner.close()
+    finally:
+        await store.close()
