@@ -18,7 +18,7 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from harness_core._inbox import after_failed_run, final_boundary, select, settle_inputs
+from harness_core._inbox import STOPPED, after_failed_run, final_boundary, select, settle_inputs
 from harness_core._json import clean_text
 from harness_core._prompt import plan_system, render_sections
 from harness_core.context import ContextView, provider_messages, replay_system
@@ -677,9 +677,10 @@ async def _abort(task: Task, runtime: TaskRuntime) -> None:
         if live.value.get("run", {}).get("task_id") == t.id:
             for key in ("run", "generation", "tools"):
                 live.value.pop(key, None)
-            # `Conversation.abort` withdrew the queued inputs first; this continues what came after it, or what
-            # queued behind a single answer an operator cancelled.
-            await after_failed_run(runtime.harness, tx, t.conversation_id)
+            # Behind a single answer an operator cancelled, the queue goes on. `Conversation.abort` (a stop)
+            # withdrew the queue; what arrived since stays queued, so the stop resolves once this ends.
+            if t.abort_reason != STOPPED:
+                await after_failed_run(runtime.harness, tx, t.conversation_id)
         return Aborted(reason=t.abort_reason)
 
     await runtime.commit(commit)

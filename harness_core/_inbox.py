@@ -272,6 +272,9 @@ async def final_boundary(
     return None
 
 
+STOPPED = "stopped"  # the abort reason of `Conversation.abort`'s tasks: what queued after it stays queued
+
+
 async def after_failed_run(harness: Harness, tx: Tx, conversation_id: int) -> None:
     """A run has just ended without an answer (model error, no model, a faulted or orphaned generation).
 

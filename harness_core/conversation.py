@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from harness_core._ancestry import ancestry
 from harness_core._feed import Feed
-from harness_core._inbox import Input, Write, admit, withdraw_inputs
+from harness_core._inbox import STOPPED, Input, Write, admit, withdraw_inputs
 from harness_core._session import Publication
 from harness_core.agent import AgentChange, ResolvedAgent
 from harness_core.context import ContextView, derive_context, extend_context
@@ -184,7 +184,7 @@ class ConversationHandle:
                 if task.background and not background:
                     continue
                 if not task.abort_requested:
-                    tx.put_task(task.model_copy(update={"abort_requested": True, "abort_reason": "aborted"}))
+                    tx.put_task(task.model_copy(update={"abort_requested": True, "abort_reason": STOPPED}))
                 marked.append(task.id)
             return marked
 

@@ -158,6 +158,34 @@ async def test_a_follow_up_queued_behind_a_cancelled_answer_is_answered_and_a_co
     await harness.close()
 
 
+async def test_a_stop_resolves_even_when_a_message_arrives_while_it_stops() -> None:
+    asked: list[str] = []
+    streaming = asyncio.Event()
+
+    def respond(request: ModelRequest) -> AssistantMessage:
+        asked.append(user_text([m for m in request.messages if isinstance(m, UserMessage)][-1]))
+        streaming.set()
+        return faux_assistant([faux_text("slow " * 5000)])  # every answer streams for minutes
+
+    harness, faux = await open_harness(responder=respond)
+    faux.chunk_size, faux.delay_ms = 1, 20
+    root = await harness.root(agent=FAUX)
+    await root.submit(Input("one"))
+    await streaming.wait()
+    generation = int((await harness.snapshot(LiveDoc, root.id))["run"]["task_id"])
+    late: list[asyncio.Task[Any]] = []
+
+    def speak_when_marked(publication: Any) -> None:  # someone speaks right after the stop withdrew the queue
+        if not late and any(t.id == generation and t.abort_requested for t in publication.tasks):
+            late.append(asyncio.ensure_future(root.submit(Input("two"))))
+
+    harness.session.subscribe(speak_when_marked)
+    await asyncio.wait_for(root.abort(), 10)  # it does not wait for an answer to "two"
+    second = await late[0]
+    assert (await second.status()).status == "queued" and asked == ["one"]
+    await harness.close()
+
+
 async def _entries(harness, conversation_id):  # type: ignore[no-untyped-def]
     handle = await harness.conversation(conversation_id)
     return list((await handle.entries(limit=100, order="asc")).items)
