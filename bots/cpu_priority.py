@@ -97,21 +97,41 @@ class Spawner:
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> SpawnedProcess:
         """Start `argv` in a session of its own, stdout piped, stdin from /dev/null."""
-        loop = asyncio.get_running_loop()
-        popen = await loop.run_in_executor(
-            self._executor,
-            lambda: subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                start_new_session=True,
-            ),
-        )
-        return await SpawnedProcess.attach(popen)
+        starting = asyncio.get_running_loop().run_in_executor(self._executor, _popen, list(argv), dict(env))
+        try:
+            popen = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The fork goes on in the thread: a child started after all is stopped, never left unwatched.
+            starting.add_done_callback(_stop_started)
+            raise
+        try:
+            return await SpawnedProcess.attach(popen)
+        except BaseException:
+            _stop(popen)
+            raise
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+    )
+
+
+def _stop_started(starting: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        _stop(starting.result())
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    """Kill and reap a child nobody will watch (SIGKILL: it exits at once, so the wait is short)."""
+    with contextlib.suppress(ProcessLookupError):
+        popen.kill()
+    popen.wait()
+    if popen.stdout is not None:
+        popen.stdout.close()
 
 
 class SpawnedProcess:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from bots import cpu_priority
 from bots.intake_process import READY, IntakeChild
 from bots.runtime import BotError
 
@@ -171,3 +175,28 @@ async def test_a_worker_leading_its_session_lowers_it_and_its_threads_but_never_
         assert report["second_session"] == 0
     else:
         assert not report["lowered_session"]
+
+
+async def test_stopping_while_a_restart_forks_stops_the_child_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    forking = threading.Event()
+    popen = cpu_priority._popen
+
+    def slow_fork(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        if started:  # the restart: a fork that takes a while (a busy machine), still running when `end` comes
+            forking.set()
+            time.sleep(0.5)
+        started.append(popen(argv, env))
+        return started[-1]
+
+    monkeypatch.setattr(cpu_priority, "_popen", slow_fork)
+    child = IntakeChild(
+        [sys.executable, "-c", CHILD, str(tmp_path / "started-once")], {}, [].append, restart_delays=(0.05,)
+    )
+    await child.begin()
+    await wait_until(forking.is_set)
+    await child.end()
+    await wait_until(lambda: len(started) == 2)
+    await wait_until(lambda: started[1].returncode is not None, 5)  # killed and reaped, not left unwatched
