@@ -48,6 +48,7 @@ class Tx:
         self._retired_drafts: list[DocDraft] = []  # drafts retired in this commit: content first, then retire
         self.internal: dict[str, Any] = {}  # scratch space for harness hooks within this commit
         self._by_request_read: dict[tuple[int, str], Submission | None] = {}  # storage answers, this commit
+        self._ingress_finished: list[int] = []
 
     @property
     def now(self) -> int:
@@ -56,6 +57,14 @@ class Tx:
     def _check(self) -> None:
         if self._revoked:
             raise DraftRevoked("transaction used after its commit callback returned")
+
+    def finish_ingress(self, record_id: int) -> None:
+        """Mark ingress record `record_id` finished by this commit: it is finished exactly when what this commit
+        takes in from it is stored. Only on storage that keeps ingress records (`finishes_ingress`)."""
+        self._check()
+        if not getattr(self._session.storage, "finishes_ingress", False):
+            raise InvalidOperation("this storage keeps no ingress records to finish")
+        self._ingress_finished.append(record_id)
 
     def revoke(self) -> None:
         self._revoked = True
@@ -543,6 +552,7 @@ class Tx:
             if await self.conversation(conversation_id) is None:
                 raise NotFound(f"cannot append to conversation {conversation_id}: it does not exist")
         batch.conversations = list(self.local.conversations.values())
+        batch.ingress_finished = list(self._ingress_finished)
         batch.entries = list(self._entry_order)
         batch.tasks = list(self.local.tasks.values())
         batch.submissions = list(self.local.submissions.values())

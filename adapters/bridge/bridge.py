@@ -111,15 +111,22 @@ class Bridge:
         await self.delivery.stop()
         await self.approvals.stop()
 
-    async def intake(self, message: IncomingMessage) -> IntakeResult:
-        """Commit a human message (exactly once per message identity). Acknowledge the platform after this."""
+    async def intake(self, message: IncomingMessage, *, ingress_record: int | None = None) -> IntakeResult:
+        """Commit a human message (exactly once per message identity). Acknowledge the platform after this.
+        `ingress_record`: the ingress record it came from, finished by the same commit (storage permitting:
+        `finishes_in_commit`)."""
         with log_context(place=message.place.key, platform_message=message.message_id):
-            result = await intake(self, message)
+            result = await intake(self, message, ingress_record)
             counter = self.stats.duplicates if result.outcome == "duplicate" else self.stats.taken_in
             counter[message.place.platform] += 1
             with log_context(conversation=result.conversation_id, submission=result.submission_id):
                 log.info("message %s taken in: %s", message.message_id, result.outcome)
         return result
+
+    @property
+    def finishes_in_commit(self) -> bool:
+        """Whether this bridge's storage finishes an ingress record in the commit that takes it in."""
+        return bool(getattr(self.harness.session.storage, "finishes_ingress", False))
 
     async def decide(
         self,

@@ -75,10 +75,12 @@ async def addressed(tx: Tx, bridge: Bridge, message: IncomingMessage) -> bool:
     return False
 
 
-async def intake(bridge: Bridge, message: IncomingMessage) -> IntakeResult:
+async def intake(bridge: Bridge, message: IncomingMessage, ingress_record: int | None = None) -> IntakeResult:
     harness = bridge.harness
 
     async def commit(tx: Tx) -> IntakeResult:
+        if ingress_record is not None:  # whatever the outcome (a duplicate too), the record is done with it
+            tx.finish_ingress(ingress_record)
         conversation_id, _ = await conversation_for(tx, message.place, bridge.agent)
         existing = await tx.submission_by_request(conversation_id, message.request_id)
         if existing is not None:

@@ -353,23 +353,31 @@ class Router:
                 wake.set()  # more waiting
 
     async def _take_batch(self, partition: int, bridge: Bridge, records: Sequence[IngressRecordLike]) -> None:
-        """Take `records` in, in order, and finish those taken (or refused) in one statement. Messages are
+        """Take `records` in, in order, and finish those taken (or refused): a message's record in the commit
+        that takes it in where the storage can, the rest in one statement. Messages are
         handed to the bridge as a run (their commits queue in this order and share transactions); a click is
         decided on its own, after the messages before it."""
-        done: list[int] = []
+        done: list[int] = []  # finished below, in one statement
         run: list[tuple[int, IncomingMessage]] = []
         failure: BaseException | None = None
+        # Where the storage can, a message's record is finished by the commit that takes it in (one write
+        # less per message, and no moment where one is stored and the other not); clicks as before.
+        in_commit = bridge.finishes_in_commit
 
         async def take_run() -> None:
             nonlocal failure
             # gather starts the intakes in list order, and each queues its commit before its first pause.
-            results = await asyncio.gather(*(bridge.intake(m) for _, m in run), return_exceptions=True)
+            results = await asyncio.gather(
+                *(bridge.intake(m, ingress_record=r if in_commit else None) for r, m in run),
+                return_exceptions=True,
+            )
             for (record_id, _), result in zip(run, results, strict=True):
                 if isinstance(result, BaseException):
                     failure = failure or result
                     continue
                 log.debug("ingress record %d: %s", record_id, result.outcome)
-                done.append(record_id)
+                if not in_commit:
+                    done.append(record_id)
                 self.consumed += 1
             run.clear()
 

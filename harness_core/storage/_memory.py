@@ -80,6 +80,8 @@ class MemoryStorage:
         for batch in batches:
             if batch.seq <= last:
                 raise StorageRequestError(f"commit seq {batch.seq} is not after {last}")
+            if batch.ingress_finished:
+                raise StorageRequestError("this storage keeps no ingress records to finish")
             last = batch.seq
             # Validate everything before applying anything, so a bad group leaves the store untouched.
             known.update(create.record.id for create in batch.doc_creates)

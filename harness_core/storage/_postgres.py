@@ -133,6 +133,8 @@ class PostgresStorage(SqlRecordReads):
     partition from `await PostgresStorage.open(dsn)`); one lease holder writes a partition at a time."""
 
     _numbered = True
+    # Its commits can finish ingress records (`CommitBatch.ingress_finished`), fenced like every other row.
+    finishes_ingress = True
     _LATEST_HEAD = (
         "SELECT record FROM entries WHERE conversation_id = $1 AND head IS NOT NULL AND id <= $2 "
         "ORDER BY id DESC LIMIT 1"

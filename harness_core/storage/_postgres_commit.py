@@ -17,6 +17,9 @@ statements would have done to rows of the same commit is worked out here, before
   document, else from the one this commit creates), as the reclaim after the insert would have deleted it;
   stored revisions are reclaimed by one DELETE, for the documents named.
 
+Ingress records a commit took in (`ingress_finished`) are marked finished by the same statement, fenced like the
+rest: a record is finished exactly when what it brought is stored.
+
 A retire of a document that exists nowhere fails the whole statement (a cast of the refusal to integer; the
 caller turns it into `StorageError`), as the transaction rolled back.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness_core.storage._postgres_ingress import NOW_MS
 from harness_core.storage._sql_plan import CommitPlan
 
 UNKNOWN_RETIRE = "durable-bots: commit retires an unknown document"
@@ -182,6 +186,13 @@ def commit_statement(plan: CommitPlan, partition: int, holder: str, epoch: int) 
         st.parts.append(
             f"reclaimed AS (DELETE FROM doc_contents c USING doc_records d WHERE c.doc_id = ANY({named}) "
             f"AND d.id = c.doc_id AND NOT d.rewindable AND {_FENCED} AND ({' OR '.join(reclaim)}))"
+        )
+    if plan.ingress_finished:
+        # Only this partition's records, only unfinished ones (finishing twice keeps the first time).
+        records = st.param(sorted(set(plan.ingress_finished)), "bigint[]")
+        st.parts.append(
+            f"ingress_done AS (UPDATE ingress SET finished_at = {NOW_MS} WHERE id = ANY({records}) "
+            f"AND partition = $1 AND finished_at IS NULL AND {_FENCED})"
         )
     if plan.reserve is not None:
         next_id, last_seq = (st.param(value, "bigint") for value in plan.reserve)

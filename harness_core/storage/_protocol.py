@@ -75,6 +75,9 @@ class CommitBatch:
     doc_creates: list[DocCreate] = field(default_factory=list)
     doc_changes: list[DocChange] = field(default_factory=list)  # content applied before any retire
     doc_retires: list[int] = field(default_factory=list)  # retired_seq = seq
+    # Ingress records this commit took in: marked finished by the same commit (stores that keep them only,
+    # `finishes_ingress`), so a record is finished exactly when what it brought in is stored.
+    ingress_finished: list[int] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -85,6 +88,7 @@ class CommitBatch:
             or self.doc_creates
             or self.doc_changes
             or self.doc_retires
+            or self.ingress_finished
         )
 
 

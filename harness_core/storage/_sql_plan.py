@@ -45,6 +45,7 @@ class CommitPlan:
     contents: list[tuple[Any, ...]] = field(default_factory=list)
     bases: list[tuple[Any, ...]] = field(default_factory=list)
     retires: list[tuple[int, int]] = field(default_factory=list)
+    ingress_finished: list[int] = field(default_factory=list)  # ingress record ids (PostgreSQL only)
     next_id: int = 0
     last_seq: int = 0
     reserve: tuple[int, int] | None = None  # a new (next_id, last_seq) reservation to write into meta
@@ -73,6 +74,7 @@ def plan_commit(batches: Sequence[CommitBatch], next_id: int, dump: Dump) -> Com
         return n
 
     for batch in batches:
+        plan.ingress_finished.extend(batch.ingress_finished)
         for conv in batch.conversations:
             plan.conversations.append((conv.id, conv.owner_task_id, dump(conv)))
         for e in batch.entries:

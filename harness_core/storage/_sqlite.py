@@ -623,6 +623,8 @@ class SqliteStorage(SqlRecordReads):
         for batch in batches:
             if batch.seq <= last:
                 raise StorageRequestError(f"commit seq {batch.seq} is not after {last}")
+            if batch.ingress_finished:
+                raise StorageRequestError(f"storage {self._path} keeps no ingress records to finish")
             last = batch.seq
         if not batches:
             return
