@@ -49,10 +49,15 @@ class Tx:
         self.internal: dict[str, Any] = {}  # scratch space for harness hooks within this commit
         self._by_request_read: dict[tuple[int, str], Submission | None] = {}  # storage answers, this commit
         self._ingress_finished: list[int] = []
+        self._now: int | None = None
 
     @property
     def now(self) -> int:
-        return self._session.now()
+        # One commit happens at one instant: every time it writes (a decision's time, and the time it reports
+        # back) must be the same number, so the clock is read once per transaction.
+        if self._now is None:
+            self._now = self._session.now()
+        return self._now
 
     def _check(self) -> None:
         if self._revoked:

@@ -60,6 +60,25 @@ async def test_commit_writes_entry_and_document_together() -> None:
     await harness.close()
 
 
+async def test_a_commit_reads_the_clock_once_so_every_time_it_writes_agrees() -> None:
+    # A clock that moves on every read, as a real one does between two lines of a callback: an approval wrote
+    # one millisecond into the gate and reported the next to the clicker ("approved at 14:02:03.951" vs .952).
+    ticks = iter(range(1_000, 2_000))
+    harness = await Harness.open(await MemoryStorage.open(), now=lambda: next(ticks))
+    root = await harness.root()
+
+    async def stamp(tx: Tx) -> tuple[int, int]:
+        doc = await tx.doc(Notes, root.id)
+        doc.value["at"] = tx.now
+        return doc.value["at"], tx.now
+
+    written, reported = await harness.commit(stamp)
+    assert written == reported
+    later, _ = await harness.commit(stamp)
+    assert later > written  # the next commit reads the clock again
+    await harness.close()
+
+
 async def test_exception_in_callback_writes_nothing_and_harness_stays_healthy() -> None:
     storage = await MemoryStorage.open()
     harness = await Harness.open(storage)
