@@ -32,7 +32,6 @@ class ShardHost:
             is_claim=lambda claim: not isinstance(claim, LeaseHolder),
             lost_of=lambda lease: lease.lost,
             needs_partition=True,
-            bounded=True,  # two shards over two workers: one each
         )
 
     async def gain(self, resource: int, lease: Any) -> None:

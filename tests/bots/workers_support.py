@@ -28,12 +28,14 @@ def token(channel: int, number: int) -> str:
 
 class Worker:
     """A `python -m bots run` worker. Its stdout is read line by line as it comes (so a chatty worker never
-    blocks on a full pipe), its stderr goes to a file."""
+    blocks on a full pipe) and kept in a file too, next to the file its stderr goes to: after a failure, the
+    test's directory shows what every worker said."""
 
     def __init__(self, name: str, process: asyncio.subprocess.Process, stderr_path: Path) -> None:
         self.name = name
         self.process = process
         self.stderr_path = stderr_path
+        self.stdout_path = stderr_path.with_suffix(".stdout")
         self.lines: list[str] = []
         self._changed = asyncio.Event()
         self._reader = asyncio.ensure_future(self._read())
@@ -67,23 +69,35 @@ class Worker:
 
     async def _read(self) -> None:
         assert self.process.stdout is not None
-        while raw := await self.process.stdout.readline():
-            self.lines.append(raw.decode().rstrip("\n"))
-            self._changed.set()
+        with self.stdout_path.open("ab") as kept:
+            while raw := await self.process.stdout.readline():
+                kept.write(raw)
+                kept.flush()
+                self.lines.append(raw.decode().rstrip("\n"))
+                self._changed.set()
         self._changed.set()
 
     async def wait_for(self, predicate: Callable[[str], bool], timeout: float = 60) -> str:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._first(predicate)
+        except TimeoutError:
+            said = self.output()[-6000:]
+            raise AssertionError(
+                f"{self.name}: no such line in {timeout} s; it said:\n{said}\n{self.stderr()}"
+            ) from None
+
+    async def _first(self, predicate: Callable[[str], bool]) -> str:
         seen = 0
-        async with asyncio.timeout(timeout):
-            while True:
-                for line in self.lines[seen:]:
-                    if predicate(line):
-                        return line
-                seen = len(self.lines)
-                if self._reader.done():
-                    raise AssertionError(f"{self.name} ended first:\n{self.output()}\n{self.stderr()}")
-                self._changed.clear()
-                await self._changed.wait()
+        while True:
+            for line in self.lines[seen:]:
+                if predicate(line):
+                    return line
+            seen = len(self.lines)
+            if self._reader.done():
+                raise AssertionError(f"{self.name} ended first:\n{self.output()}\n{self.stderr()}")
+            self._changed.clear()
+            await self._changed.wait()
 
     async def ready(self, timeout: float = 60) -> None:
         await self.wait_for(lambda line: line.startswith("durable-bots: ready"), timeout)

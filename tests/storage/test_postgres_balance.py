@@ -1,10 +1,11 @@
-"""Rendezvous assignment of partitions over workers (a pure function, property-tested) and the balancing
+"""Balanced rendezvous assignment of partitions over workers (a pure function, property-tested) and the balancing
 loop of several workers over one (in-memory) database: join, drain, death, a lost lease."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -12,51 +13,67 @@ from balance_fakes import FakeClaim, FakeDatabase, FakeStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness_core.storage._postgres_balance import Balancer, Resources, assign, assign_bounded, assignee
+from harness_core.storage._postgres_balance import Balancer, Resources, assign
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 worker_sets = st.lists(names, min_size=1, max_size=8, unique=True)
 RESOURCES = range(1024)
 
 
+def loads(found: dict[int, str], workers: list[str]) -> list[int]:
+    counted = Counter(found.values())
+    return [counted[w] for w in workers]
+
+
 @settings(max_examples=60, deadline=None)
-@given(workers=worker_sets, seed=st.integers(0, 2**32))
-def test_every_partition_has_exactly_one_live_assignee_whatever_the_order(
-    workers: list[str], seed: int
+@given(workers=worker_sets, count=st.integers(0, 200), seed=st.integers(0, 2**32))
+def test_every_resource_has_one_assignee_shares_are_even_and_the_order_of_workers_does_not_matter(
+    workers: list[str], count: int, seed: int
 ) -> None:
     shuffled = list(workers)
     random.Random(seed).shuffle(shuffled)
-    first = assign(range(64), workers)
-    assert set(first) == set(range(64))
+    first = assign(range(count), workers)
+    assert set(first) == set(range(count))
     assert set(first.values()) <= set(workers)
-    assert assign(range(64), shuffled) == first  # every worker computes the same answer
+    assert assign(range(count), shuffled) == first  # every worker computes the same answer
+    shares = loads(first, workers)
+    assert max(shares) - min(shares) <= 1  # e.g. 4 partitions over 2 workers: 2 each, never 4 and 0
+
+
+def test_a_joining_worker_always_gets_its_share_even_of_a_few_partitions() -> None:
+    # Plain rendezvous gave a second worker none of 4 partitions for one holder pair in eight: it idled as
+    # a standby while the first carried everything.
+    for trial in range(300):
+        pair = [f"worker-{trial}-a", f"worker-{trial}-b"]
+        assert sorted(loads(assign(range(4), pair), pair)) == [2, 2], pair
 
 
 @settings(max_examples=40, deadline=None)
 @given(workers=worker_sets, newcomer=names)
-def test_a_join_moves_only_what_the_newcomer_wins_about_one_in_n(workers: list[str], newcomer: str) -> None:
+def test_a_join_moves_little_more_than_the_newcomers_share(workers: list[str], newcomer: str) -> None:
     if newcomer in workers:
         return
     before = assign(RESOURCES, workers)
     after = assign(RESOURCES, [*workers, newcomer])
     moved = [r for r in RESOURCES if before[r] != after[r]]
-    assert all(after[r] == newcomer for r in moved)  # nothing moves between the old workers
-    expected = len(RESOURCES) / (len(workers) + 1)
-    assert expected / 2 <= len(moved) <= expected * 2, (len(moved), expected)
+    share = len(RESOURCES) // (len(workers) + 1)
+    assert loads(after, [newcomer]) in ([share], [share + 1])
+    assert len(moved) <= share * 1.6 + 2, (len(moved), share)  # never a reshuffle of the whole store
 
 
 @settings(max_examples=40, deadline=None)
 @given(workers=st.lists(names, min_size=2, max_size=8, unique=True), index=st.integers(0, 7))
-def test_a_leave_moves_only_the_leavers_partitions(workers: list[str], index: int) -> None:
+def test_a_leave_moves_the_leavers_partitions_and_little_else(workers: list[str], index: int) -> None:
     leaver = workers[index % len(workers)]
     before = assign(RESOURCES, workers)
     after = assign(RESOURCES, [w for w in workers if w != leaver])
-    assert {r for r in RESOURCES if before[r] != after[r]} == {r for r in RESOURCES if before[r] == leaver}
+    moved = {r for r in RESOURCES if before[r] != after[r]}
+    theirs = {r for r in RESOURCES if before[r] == leaver}
+    assert theirs <= moved and len(moved) <= len(theirs) * 1.6 + 2, (len(moved), len(theirs))
 
 
 def test_no_worker_no_assignment() -> None:
     assert assign(range(4), []) == {}
-    assert assignee(3, []) is None
 
 
 # --- the loop --------------------------------------------------------------------------------------------
@@ -245,20 +262,3 @@ async def test_shards_go_only_to_workers_that_own_a_partition() -> None:
     assert all(w.store.holder in db.workers for w in workers)  # the shard balancers leave membership alone
     for worker in workers:
         await worker.balancer.stop()
-
-
-@settings(max_examples=60, deadline=None)
-@given(workers=worker_sets, count=st.integers(1, 40), seed=st.integers(0, 2**32))
-def test_bounded_assignment_spreads_a_few_shards_evenly_and_deterministically(
-    workers: list[str], count: int, seed: int
-) -> None:
-    shards = [-1 - s for s in range(count)]
-    shuffled = list(workers)
-    random.Random(seed).shuffle(shuffled)
-    found = assign_bounded(shards, workers)
-    assert set(found) == set(shards) and set(found.values()) <= set(workers)
-    assert assign_bounded(shards, shuffled) == found
-    loads = [list(found.values()).count(w) for w in workers]
-    assert max(loads) <= -(-count // len(workers))
-    if count % len(workers) == 0:
-        assert set(loads) == {count // len(workers)}  # e.g. two shards over two workers land on both
