@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pg_commit_cutter import CommitCutter
 from pg_partition_support import expire, open_handle
 
 from adapters.bridge import Bridge, IncomingMessage, Place, Router
@@ -142,3 +143,74 @@ async def test_storage_without_ingress_records_refuses_to_finish_one(tmp_path: A
     with pytest.raises(InvalidOperation, match="keeps no ingress records"):
         await harness.commit(lambda tx: tx.finish_ingress(7))
     await harness.close()
+
+
+async def owner_stack(
+    store: PostgresStore, partition: int, transport: MemoryTransport
+) -> tuple[Harness, Bridge, Router]:
+    """What a worker runs for a partition it owns: harness, bridge (answers "noted"), router."""
+    storage = await store.open_partition(partition)
+    assert isinstance(storage, PostgresStorage), storage
+    faux = FauxProvider()
+    faux.set_responder(lambda _request: faux_assistant("noted"))
+    registry = Registry()
+    harness = await Harness.open(storage, models=Models(faux), registry=registry, settings=HarnessSettings())
+    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
+    registry.install(bridge.extension())
+    bridge.attach(transport)
+    await bridge.start()
+    harness.resume()  # as a worker does on gaining a partition: recovered work runs at once
+    router = Router(store, PARTITIONS, poll_interval=0.05)
+    await router.add_partition(partition, bridge)
+    return harness, bridge, router
+
+
+async def test_an_intake_commit_cut_off_at_the_worst_moment_leaves_record_and_message_together(
+    pg_url: str,
+) -> None:
+    # The intake commit reaches the server and lands, but its answer never comes back (the connection is cut):
+    # the owner cannot know. Finished in that same commit, the record is finished exactly because the message
+    # is stored, and the worker taking the partition over neither takes it in again nor loses it.
+    cutter = CommitCutter(pg_url)
+    store = await PostgresStore.open(await cutter.start(), partitions=PARTITIONS, lease_ttl=30)
+    sender_store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
+    successor_store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
+    first, second = MemoryTransport(), MemoryTransport()
+    harness, bridge, router = await owner_stack(store, 1, first)
+    sender = Router(sender_store, PARTITIONS, consume=False)
+    stacks = [(harness, bridge, router)]
+    try:
+        await asyncio.sleep(0.3)  # the owner's start-up commits are done: the next one is the intake's
+        cutter.armed = True
+        message = IncomingMessage(place_in(1), "7.1", "U1", "alice", "deploy status?", mentions_bot=True)
+        assert (await sender.intake(message)).outcome == "forwarded"
+        for _ in range(200):
+            if cutter.cut:
+                break
+            await asyncio.sleep(0.05)
+        assert cutter.cut == 1
+        # Right after the cut, before anyone else acts: both landed, in the one commit.
+        assert list((await ingress_rows(pg_url)).values()) == [True]
+        assert await submissions_of(pg_url, [message.request_id]) == 1
+        await asyncio.wait_for(harness.closed, 10)  # an unknown outcome ends the owner's harness
+        await expire(pg_url, 1)
+        stacks.append(await owner_stack(successor_store, 1, second))
+        for _ in range(200):
+            if [m for m in second.in_place(message.place) if "noted" in m.text]:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # polls of the ingress table meanwhile: the finished record stays taken
+        assert await submissions_of(pg_url, [message.request_id]) == 1
+        answers = [
+            m for m in [*first.in_place(message.place), *second.in_place(message.place)] if "noted" in m.text
+        ]
+        assert len(answers) == 1, answers
+    finally:
+        for each_harness, each_bridge, each_router in reversed(stacks):
+            await each_router.stop()
+            await each_bridge.stop()
+            await each_harness.close()
+        await sender.stop()
+        for each_store in (store, sender_store, successor_store):
+            await each_store.close()
+        await cutter.close()
