@@ -33,8 +33,10 @@ typecheck: $(VENV)/.installed-dev
 imports: $(VENV)/.installed-dev
 	$(BIN)/lint-imports
 
+# Two pytest processes (pytest-xdist), one per core: most tests wait on processes, sockets and timers.
+TEST_PROCESSES ?= 2
 pytest: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist worksteal $(PYTEST_ARGS)
 
 test: lint typecheck imports pytest
 

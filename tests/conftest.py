@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import fcntl
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import pytest
 from pg_cluster import Cluster, drop_database, fresh_database, start_cluster
@@ -50,3 +52,58 @@ def crash_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     else:
         monkeypatch.delenv(CRASH_STORAGE_ENV, raising=False)
     return str(request.param)
+
+
+def _utf8_safe(value: Any) -> Any:
+    """`value` with every string made encodable: a lone surrogate becomes its backslash escape."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8_safe(v) for v in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config: pytest.Config, report: Any) -> Generator[None, Any, Any]:
+    # The poison-input tests log lone surrogates on purpose; a report carrying one cannot cross to the
+    # pytest-xdist controller (UTF-8 only), which would end the whole run instead of this test.
+    serialized = yield
+    return _utf8_safe(serialized)
+
+
+# Tests that run several bot processes under load (workers, their intake processes, the benchmarks' loads).
+# `make test` runs the suite in two pytest processes; these take a lock shared by both, so two of them never
+# compete for this machine's two cores while their leases and timeouts run. (pytest-xdist's own grouping,
+# `--dist loadgroup`, does nothing under pytest 9.2: it renames a node attribute that pytest no longer reads.)
+MANY_PROCESSES = {
+    "tests/bots/test_bots_workers.py",
+    "tests/bots/test_bots_workers_discord.py",
+    "tests/bots/test_bots_intake_process.py",
+    "tests/benchmarks/test_benchmarks_run.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.relative_to(config.rootpath).as_posix() in MANY_PROCESSES:
+            item.add_marker(pytest.mark.many_processes)
+
+
+@pytest.fixture(autouse=True)
+def _one_many_processes_test_at_a_time(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    if (
+        not hasattr(request.config, "workerinput")
+        or request.node.get_closest_marker("many_processes") is None
+    ):
+        yield
+        return
+    # Each pytest-xdist worker's base temp dir is one directory of this run's (pytest-N/popen-gw0): the lock
+    # sits in that run's directory, shared by the workers and cleaned up with it.
+    lock_path = tmp_path_factory.getbasetemp().parent / "many-processes.lock"
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield
