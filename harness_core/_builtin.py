@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from harness_core._compaction import CompactionTask
 from harness_core._generation import GenerationTask, convert_partial
-from harness_core._inbox import after_failed_run, settle_inputs
+from harness_core._inbox import end_run_unanswered
 from harness_core.documents import LiveDoc
 from harness_core.extensions import Registry
 from harness_core.records import Task
@@ -35,10 +35,7 @@ async def cleanup_failed_task(harness: Harness, tx: Tx, task: Task) -> None:
         await convert_partial(tx, task.conversation_id)
         reason = "faulted" if outcome.status == "faulted" else (outcome.reason or "missing_task")
         detail = outcome.error.message if outcome.error is not None else None
-        await settle_inputs(tx, [int(i) for i in run.get("inputs", [])], reason=reason, detail=detail)
-        for key in ("run", "generation", "tools"):
-            live.value.pop(key, None)
-        await after_failed_run(harness, tx, task.conversation_id)
+        await end_run_unanswered(harness, tx, task.conversation_id, task.id, reason=reason, detail=detail)
     elif task.kind == "core.tool":
         for slot in live.value.get("tools", []):
             if slot.get("task_id") == task.id:

@@ -18,7 +18,7 @@ import contextlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from harness_core._inbox import STOPPED, after_failed_run, final_boundary, select, settle_inputs
+from harness_core._inbox import STOPPED, end_run_unanswered, final_boundary, select, settle_inputs
 from harness_core._json import clean_text
 from harness_core._prompt import plan_system, render_sections
 from harness_core.context import ContextView, provider_messages, replay_system
@@ -47,14 +47,7 @@ async def _run_inputs(tx: Tx, task: Task) -> list[int]:
 
 
 async def _fail_run(harness: Harness, tx: Tx, task: Task, reason: str, detail: str | None) -> Fail:
-    """Settle the run's inputs unanswered and end the run; what is queued goes on per `after_failed_run`."""
-    inputs = await _run_inputs(tx, task)
-    await settle_inputs(tx, inputs, reason=reason, detail=detail)
-    live = await tx.doc(LiveDoc, task.conversation_id)
-    if live.value.get("run", {}).get("task_id") == task.id:
-        for key in ("run", "generation", "tools"):
-            live.value.pop(key, None)
-        await after_failed_run(harness, tx, task.conversation_id)
+    await end_run_unanswered(harness, tx, task.conversation_id, task.id, reason=reason, detail=detail)
     return Fail(detail or reason, detail={"reason": reason})
 
 
@@ -672,15 +665,16 @@ async def _abort(task: Task, runtime: TaskRuntime) -> None:
                         }
                     ],
                 )
-        inputs = await _run_inputs(tx, t)
-        await settle_inputs(tx, inputs, reason="aborted")
-        if live.value.get("run", {}).get("task_id") == t.id:
-            for key in ("run", "generation", "tools"):
-                live.value.pop(key, None)
-            # Behind a single answer an operator cancelled, the queue goes on. `Conversation.abort` (a stop)
-            # withdrew the queue; what arrived since stays queued, so the stop resolves once this ends.
-            if t.abort_reason != STOPPED:
-                await after_failed_run(runtime.harness, tx, t.conversation_id)
+        # Behind a single answer an operator cancelled, the queue goes on. `Conversation.abort` (a stop)
+        # withdrew the queue; what arrived since stays queued, so the stop resolves once this ends.
+        await end_run_unanswered(
+            runtime.harness,
+            tx,
+            t.conversation_id,
+            t.id,
+            reason="aborted",
+            queue_goes_on=t.abort_reason != STOPPED,
+        )
         return Aborted(reason=t.abort_reason)
 
     await runtime.commit(commit)

@@ -275,6 +275,33 @@ async def final_boundary(
 STOPPED = "stopped"  # the abort reason of `Conversation.abort`'s tasks: what queued after it stays queued
 
 
+async def end_run_unanswered(
+    harness: Harness,
+    tx: Tx,
+    conversation_id: int,
+    task_id: int,
+    *,
+    reason: str,
+    detail: str | None = None,
+    queue_goes_on: bool = True,
+) -> bool:
+    """The run of generation task `task_id` ends without an answer (model error, no model, an abort, a faulted
+    or orphaned generation): its inputs become unanswered (`reason`, `detail`), the run leaves the live view,
+    and what is queued goes on per `after_failed_run` (`queue_goes_on=False`: a stop, which withdrew the
+    queue; what arrived since stays queued). Nothing happens when that run is no longer the conversation's;
+    returns whether it ended it."""
+    live = await tx.doc(LiveDoc, conversation_id)
+    run = live.value.get("run")
+    if run is None or run.get("task_id") != task_id:
+        return False
+    await settle_inputs(tx, [int(i) for i in run.get("inputs", [])], reason=reason, detail=detail)
+    for key in ("run", "generation", "tools"):
+        live.value.pop(key, None)
+    if queue_goes_on:
+        await after_failed_run(harness, tx, conversation_id)
+    return True
+
+
 async def after_failed_run(harness: Harness, tx: Tx, conversation_id: int) -> None:
     """A run has just ended without an answer (model error, no model, a faulted or orphaned generation).
 
