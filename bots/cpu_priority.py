@@ -72,21 +72,6 @@ def _lower_session(nice: int) -> bool:
     return True
 
 
-def thread_nice(pid: int, tid: int | None = None) -> int:
-    """The niceness of thread `tid` of process `pid` (its main thread when omitted), from /proc."""
-    stat = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of stat; the name before ")" may hold spaces
-
-
-def session_nice(pid: int) -> int | None:
-    """The niceness of the autogroup of process `pid`'s session, or None without autogroup."""
-    try:
-        text = Path(f"/proc/{pid}/autogroup").read_text()
-    except OSError:
-        return None
-    return int(text.rsplit("nice", 1)[1])
-
-
 class Spawner:
     """Starts child processes from a thread of its own, started before the worker lowers its priority, so a
     child (and a child started again after it exited) gets the normal priority, not the worker's."""

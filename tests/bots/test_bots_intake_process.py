@@ -20,10 +20,10 @@ import asyncpg
 import psutil
 import pytest
 from bots_cli_support import bot_env, cli, free_port, shipped_config_in, toml_value
+from priority_support import thread_nice
 from workers_support import TOKEN, EchoModel, Worker, token
 
 from adapters.slack.testing import Channel, FakeSlack
-from bots.cpu_priority import thread_nice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import pytest
 from bots import cpu_priority
 from bots.intake_process import READY, IntakeChild
 from bots.runtime import BotError
+
+HERE = Path(__file__).resolve().parent  # priority_support, for the worker script below
 
 # Says it is ready, then waits for SIGTERM (exit 0). The first time (no marker file yet) it exits with code 5
 # soon after it is ready, as a crashing child would.
@@ -127,7 +130,8 @@ async def test_a_restarted_child_that_hangs_before_ready_is_stopped_and_started_
 # groups CPU time by session, its session; children it starts (and starts again) keep the normal priority.
 LOWERING = f"""
 import asyncio, json, os, sys
-from bots.cpu_priority import lower_priority, session_nice, thread_nice
+from bots.cpu_priority import lower_priority
+from priority_support import session_nice, thread_nice
 from bots.intake_process import IntakeChild
 
 async def main():
@@ -164,6 +168,10 @@ async def test_a_worker_leading_its_session_lowers_it_and_its_threads_but_never_
         str(tmp_path / "started-once"),
         stdout=asyncio.subprocess.PIPE,
         start_new_session=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        },
     )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, out
