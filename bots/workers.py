@@ -1,8 +1,8 @@
 """The worker runtime: `durable-bots run` over a PostgreSQL store split into partitions (DESIGN.md §9).
 
 Every process started with the same config and database is a worker. Workers share the partitions out among
-themselves (`harness_core.storage._postgres_balance`: rendezvous hashing over the live workers, no
-coordinator). For each partition it owns, a worker runs exactly the single-store stack: the partition's
+themselves (`harness_core.storage._postgres_balance`: rendezvous hashing with an exact balance over the live
+workers, no coordinator). For each partition it owns, a worker runs exactly the single-store stack: the partition's
 `PostgresStorage` handle (its own lease with fencing), a `Harness` over it (recovery as usual on gain), a
 `Bridge` over that harness whose platform writes check that partition's lease. A `Router` sits in front of the
 adapters: a message or click for a partition owned here goes to its bridge, any other is committed as an

@@ -91,19 +91,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.many_processes)
 
 
-@pytest.fixture(autouse=True)
-def _one_many_processes_test_at_a_time(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    if (
-        not hasattr(request.config, "workerinput")
-        or request.node.get_closest_marker("many_processes") is None
-    ):
-        yield
-        return
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    # Around the whole protocol and outside pytest-timeout's timer (tryfirst: the outermost wrapper), so the
+    # wait for the other pytest process's test never counts against this test's own timeout.
+    if not hasattr(item.config, "workerinput") or item.get_closest_marker("many_processes") is None:
+        return (yield)
     # Each pytest-xdist worker's base temp dir is one directory of this run's (pytest-N/popen-gw0): the lock
     # sits in that run's directory, shared by the workers and cleaned up with it.
-    lock_path = tmp_path_factory.getbasetemp().parent / "many-processes.lock"
-    with lock_path.open("a") as lock:
+    base = item.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    with (base.parent / "many-processes.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        yield
+        return (yield)

@@ -63,7 +63,9 @@ def start_cluster() -> Cluster:
     return Cluster(start_temporary())
 
 
-_TEMPLATE = "harness_template"
+# One template per pytest-xdist worker: on a shared server (DURABLE_BOTS_TEST_DATABASE_URL) two workers must not
+# drop or copy each other's half-migrated template.
+_TEMPLATE = f"harness_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 async def _create_database(cluster: Cluster, name: str, migrated: bool) -> None:

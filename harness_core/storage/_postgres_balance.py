@@ -6,7 +6,9 @@ resource goes to the worker whose hash of (worker, resource) is highest among th
 
 - every resource has exactly one assignee among the live workers, whoever computes it;
 - every worker is assigned the same share, give or take one (a joining worker always gets its share);
-- a join or a leave moves about that share and a little more, never a reshuffle of the whole store.
+- a join or a leave moves about that share and a little more, never a reshuffle of the whole store. The "more"
+  can move a partition between two old workers; while workers briefly disagree on who is live, a partition
+  handed over may stay free until its new assignee's next tick (a second at most).
 
 `Balancer` is the loop of one worker around it. Each tick (every `tick` seconds, or at once when the store
 says a lease was released or a worker joined or left) it renews its worker row, then
@@ -56,9 +58,10 @@ def assign(resources: Collection[int], workers: Collection[str]) -> dict[int, st
     up get the one more). Plain rendezvous moves the least on a join, but its shares are uneven (64 partitions
     over 5 workers: 9 on one, 17 on another), and with few partitions it often gives a joining worker none at
     all, which then idles as a standby while another carries double. Balanced, a join moves a little more than
-    its share (measured: 15 partitions of 64 for a fifth worker, against the 13 it takes) and every worker
+    its share (measured: about 15 partitions of 64 for a fifth worker, against the 12 or 13 it takes) and every worker
     carries the same load. Ties (astronomically unlikely) go to the greater worker name, so the result never
     depends on the order of `workers`."""
+    workers = sorted(set(workers))  # a name twice would count as room that is not there
     if not workers:
         return {}
     base, extra = divmod(len(resources), len(workers))

@@ -72,8 +72,9 @@ def test_a_leave_moves_the_leavers_partitions_and_little_else(workers: list[str]
     assert theirs <= moved and len(moved) <= len(theirs) * 1.6 + 2, (len(moved), len(theirs))
 
 
-def test_no_worker_no_assignment() -> None:
+def test_no_worker_no_assignment_and_a_name_given_twice_counts_once() -> None:
     assert assign(range(4), []) == {}
+    assert assign(range(4), ["a", "a", "b"]) == assign(range(4), ["b", "a"])
 
 
 # --- the loop --------------------------------------------------------------------------------------------

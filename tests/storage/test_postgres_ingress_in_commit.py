@@ -145,6 +145,20 @@ async def test_storage_without_ingress_records_refuses_to_finish_one(tmp_path: A
     await harness.close()
 
 
+async def commits_settled(url: str, partition: int) -> None:
+    """Wait until the partition's commit sequence has not moved for half a second."""
+    conn = await asyncpg.connect(url)
+    try:
+        last, steady = None, 0
+        while steady < 10:
+            seq = await conn.fetchval("SELECT last_seq FROM meta WHERE partition = $1", partition)
+            steady = steady + 1 if seq == last else 0
+            last = seq
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
 async def owner_stack(
     store: PostgresStore, partition: int, transport: MemoryTransport
 ) -> tuple[Harness, Bridge, Router]:
@@ -180,7 +194,9 @@ async def test_an_intake_commit_cut_off_at_the_worst_moment_leaves_record_and_me
     sender = Router(sender_store, PARTITIONS, consume=False)
     stacks = [(harness, bridge, router)]
     try:
-        await asyncio.sleep(0.3)  # the owner's start-up commits are done: the next one is the intake's
+        await commits_settled(
+            pg_url, 1
+        )  # the owner's start-up commits are done: the next one is the intake's
         cutter.armed = True
         message = IncomingMessage(place_in(1), "7.1", "U1", "alice", "deploy status?", mentions_bot=True)
         assert (await sender.intake(message)).outcome == "forwarded"
