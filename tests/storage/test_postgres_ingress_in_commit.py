@@ -59,19 +59,44 @@ async def submissions_of(url: str, request_ids: list[str]) -> int:
         await conn.close()
 
 
-async def test_the_intake_commit_finishes_the_record_and_no_separate_finish_runs(pg_url: str) -> None:
-    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
-    other = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)  # another worker's
-    storage = await store.open_partition(1)
-    assert isinstance(storage, PostgresStorage)
+async def commits_settled(url: str, partition: int) -> None:
+    """Wait until the partition's commit sequence has not moved for half a second."""
+    conn = await asyncpg.connect(url)
+    try:
+        last, steady = None, 0
+        while steady < 10:
+            seq = await conn.fetchval("SELECT last_seq FROM meta WHERE partition = $1", partition)
+            steady = steady + 1 if seq == last else 0
+            last = seq
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+async def owner_stack(
+    store: PostgresStore, partition: int, transport: MemoryTransport
+) -> tuple[Harness, Bridge, Router]:
+    """What a worker runs for a partition it owns: harness, bridge (answers "noted"), router."""
+    storage = await store.open_partition(partition)
+    assert isinstance(storage, PostgresStorage), storage
     faux = FauxProvider()
     faux.set_responder(lambda _request: faux_assistant("noted"))
     registry = Registry()
     harness = await Harness.open(storage, models=Models(faux), registry=registry, settings=HarnessSettings())
     bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
     registry.install(bridge.extension())
-    bridge.attach(MemoryTransport())
+    bridge.attach(transport)
     await bridge.start()
+    harness.resume()  # as a worker does on gaining a partition: recovered work runs at once
+    router = Router(store, PARTITIONS, poll_interval=0.05)
+    await router.add_partition(partition, bridge)
+    return harness, bridge, router
+
+
+async def test_the_intake_commit_finishes_the_record_and_no_separate_finish_runs(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
+    other = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)  # another worker's
+    harness, bridge, owner = await owner_stack(store, 1, MemoryTransport())
     finished_apart: list[list[int]] = []
     finish = store.finish_ingresses
 
@@ -80,8 +105,6 @@ async def test_the_intake_commit_finishes_the_record_and_no_separate_finish_runs
         await finish(record_ids)
 
     store.finish_ingresses = spy  # type: ignore[method-assign]
-    owner = Router(store, PARTITIONS, poll_interval=0.05)
-    await owner.add_partition(1, bridge)
     sender = Router(other, PARTITIONS, consume=False)
     try:
         place = place_in(1)
@@ -143,40 +166,6 @@ async def test_storage_without_ingress_records_refuses_to_finish_one(tmp_path: A
     with pytest.raises(InvalidOperation, match="keeps no ingress records"):
         await harness.commit(lambda tx: tx.finish_ingress(7))
     await harness.close()
-
-
-async def commits_settled(url: str, partition: int) -> None:
-    """Wait until the partition's commit sequence has not moved for half a second."""
-    conn = await asyncpg.connect(url)
-    try:
-        last, steady = None, 0
-        while steady < 10:
-            seq = await conn.fetchval("SELECT last_seq FROM meta WHERE partition = $1", partition)
-            steady = steady + 1 if seq == last else 0
-            last = seq
-            await asyncio.sleep(0.05)
-    finally:
-        await conn.close()
-
-
-async def owner_stack(
-    store: PostgresStore, partition: int, transport: MemoryTransport
-) -> tuple[Harness, Bridge, Router]:
-    """What a worker runs for a partition it owns: harness, bridge (answers "noted"), router."""
-    storage = await store.open_partition(partition)
-    assert isinstance(storage, PostgresStorage), storage
-    faux = FauxProvider()
-    faux.set_responder(lambda _request: faux_assistant("noted"))
-    registry = Registry()
-    harness = await Harness.open(storage, models=Models(faux), registry=registry, settings=HarnessSettings())
-    bridge = Bridge(harness, agent=AgentChange(model=ModelRef(provider="faux", model_id="m")))
-    registry.install(bridge.extension())
-    bridge.attach(transport)
-    await bridge.start()
-    harness.resume()  # as a worker does on gaining a partition: recovered work runs at once
-    router = Router(store, PARTITIONS, poll_interval=0.05)
-    await router.add_partition(partition, bridge)
-    return harness, bridge, router
 
 
 async def test_an_intake_commit_cut_off_at_the_worst_moment_leaves_record_and_message_together(
