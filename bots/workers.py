@@ -69,6 +69,7 @@ MIN_CACHE_BYTES = 512 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
 INGRESS_KEEP = 86_400.0  # seconds a finished ingress record (its platform key) is kept
+REQUESTS_KEEP = 7 * 86_400.0  # seconds a finished operator request (its outcome) is kept
 PRUNE_EVERY = 3_600.0
 QUIET_WATCHDOG = WatchdogSettings(enabled=False, interval_ms=60_000)
 
@@ -95,29 +96,41 @@ def owned_line(owned: int, partitions: int, *, connected: bool = False) -> str:
     return f"durable-bots: worker owns {owned} of {partitions} partitions"
 
 
-class IngressPruner(OwnedLoop):
-    """Deletes ingress records finished more than `keep` seconds ago, every `every` seconds (any worker may:
-    it is one idempotent statement). Kept a day by default: longer than any platform re-sends an event, so a
-    late duplicate still finds its key. Owns its task."""
+class StorePruner(OwnedLoop):
+    """Every `every` seconds, deletes ingress records finished more than `keep` seconds ago and operator
+    requests finished more than `requests_keep` seconds ago (any worker may: each is one idempotent statement).
+    Ingress records are kept a day by default: longer than any platform re-sends an event, so a late duplicate
+    still finds its key. Operator requests a week: their outcomes stay readable for a while after the command
+    that asked. Owns its task."""
 
-    task_name = "ingress-pruner"
+    task_name = "store-pruner"
 
     def __init__(
-        self, store: PostgresStore, *, keep: float = INGRESS_KEEP, every: float = PRUNE_EVERY
+        self,
+        store: PostgresStore,
+        *,
+        keep: float = INGRESS_KEEP,
+        requests_keep: float = REQUESTS_KEEP,
+        every: float = PRUNE_EVERY,
     ) -> None:
         self.store = store
         self.keep = keep
+        self.requests_keep = requests_keep
         self.every = every
-        self.pruned = 0
+        self.pruned = 0  # ingress records
+        self.pruned_requests = 0
 
     async def _run(self) -> None:
         while True:
             try:
                 self.pruned += await self.store.prune_ingress(finished_for=self.keep)
+                self.pruned_requests += await self.store.prune_operator_requests(
+                    finished_for=self.requests_keep
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database is away for a moment: next time
-                log.warning("pruning finished ingress records: %s", exc)
+                log.warning("pruning finished ingress records and operator requests: %s", exc)
             await asyncio.sleep(self.every)
 
 
@@ -333,7 +346,7 @@ async def _serve(
         on_owned_changed=report.changed,
     )
     desks = Desks(host, store)
-    pruner = IngressPruner(store)
+    pruner = StorePruner(store)
     shard_balancers: list[Balancer] = []
     code = EXIT_OK
     try:

@@ -40,6 +40,9 @@ SETTLE = (  # withdraw: only a request nobody took
     f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "
     "WHERE id = $1 AND status = 'pending'"
 )
+PRUNE = (  # finished requests older than $1 ms; pending and taken ones stay whatever their age
+    f"DELETE FROM operator_requests WHERE finished_at IS NOT NULL AND finished_at < {_NOW_MS} - $1"
+)
 CLAIM = "UPDATE operator_requests SET status = 'taken' WHERE id = $1 AND status = 'pending'"
 FINISH = (
     f"UPDATE operator_requests SET status = $2, outcome = $3, finished_at = {_NOW_MS} "

@@ -13,7 +13,7 @@ Every row carries its `partition` (§9 of the design). Version 3 records the sto
 when the store is created; a store that already held data is one partition), and adds the store-wide tables of
 many workers: `ingress` (platform events taken in by any worker, for the partition's owner) and `workers`
 (who is alive, for balancing). Leases of partitions have ids >= 0; other resources (a Discord shard) use
-negative ids in the same table.
+negative ids in the same table. Version 4 indexes the operator requests still to carry out (taken ones too).
 """
 
 from __future__ import annotations
@@ -170,6 +170,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX submissions_by_partition ON submissions (partition, status, id)",
             "CREATE INDEX conversations_by_partition ON conversations (partition, id)",
             "CREATE INDEX doc_records_by_partition ON doc_records (partition, scope, scope_id, id)",
+        ),
+    ),
+    (
+        4,
+        (
+            # Workers look for requests to carry out twice a second (`status IN ('pending', 'taken')`): the
+            # index of version 2 covered only 'pending', so each look read the whole table (200,000 finished
+            # requests: 21 ms a look). This one serves those looks whatever the table holds.
+            "CREATE INDEX operator_requests_open ON operator_requests (partition, id) "
+            "WHERE status IN ('pending', 'taken')",
+            "DROP INDEX operator_requests_pending",
         ),
     ),
 )

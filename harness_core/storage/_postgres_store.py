@@ -59,6 +59,7 @@ from harness_core.storage._postgres_lease import (
 )
 from harness_core.storage._postgres_listen import Notifications
 from harness_core.storage._postgres_put import PutLine
+from harness_core.storage._postgres_requests import PRUNE as PRUNE_REQUESTS
 from harness_core.storage._postgres_requests import WAITING as OPERATOR_REQUESTS_WAITING
 from harness_core.storage._postgres_schema import SCHEMA_VERSION, migrate, store_partitions, stored_version
 from harness_core.storage._postgres_wake import Waker
@@ -480,6 +481,18 @@ class PostgresStore:
             raise ValueError(f"finished_for must be a number of seconds >= 0, not {finished_for!r}")
         status = await self._call(
             "prune ingress", lambda conn: conn.execute(PRUNE_INGRESS, int(finished_for * 1000))
+        )
+        return int(status.split()[-1])
+
+    async def prune_operator_requests(self, *, finished_for: float) -> int:
+        """Delete operator requests finished more than `finished_for` seconds ago (by the server's clock);
+        returns how many. Requests still pending or taken stay whatever their age: their command may still
+        be waiting for the answer."""
+        self._check()
+        if not 0 <= finished_for < 10**12:  # NaN and infinity too: no int of milliseconds
+            raise ValueError(f"finished_for must be a number of seconds >= 0, not {finished_for!r}")
+        status = await self._call(
+            "prune operator requests", lambda conn: conn.execute(PRUNE_REQUESTS, int(finished_for * 1000))
         )
         return int(status.split()[-1])
 

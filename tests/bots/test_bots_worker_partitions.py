@@ -17,7 +17,7 @@ from bots.ops import search_conversations
 from bots.partition_stack import PartitionHost, cache_share
 from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
-from bots.workers import IngressPruner, owned_line, rescue_grace
+from bots.workers import StorePruner, owned_line, rescue_grace
 from harness_core import CORE_USER, HarnessSettings
 from harness_core.messages import UserMessage
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
@@ -135,10 +135,19 @@ def test_each_partition_harness_gets_a_share_of_the_cache_and_the_console_speaks
     assert "connects to no platform" in owned_line(0, 64)
 
 
-async def test_finished_ingress_records_are_pruned_after_they_are_kept(pg_url: str) -> None:
+async def test_finished_ingress_records_and_operator_requests_are_pruned_after_they_are_kept(
+    pg_url: str,
+) -> None:
     store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
-    pruner = IngressPruner(store, keep=0.0, every=0.05)
+    pruner = StorePruner(store, keep=0.0, requests_keep=0.0, every=0.05)
+    reader = store.reader()
     try:
+        done = await reader.put_operator_request("retry", {"task": 5})
+        waiting = await reader.put_operator_request("retry", {"task": 9})
+        await store.pool.execute(
+            "UPDATE operator_requests SET status = 'done', outcome = '{}', finished_at = 1 WHERE id = $1",
+            done,
+        )
         assert await store.put_ingress(1, "message", "slack:T1:C1:1.0", {"text": "hi"})
         assert await store.put_ingress(1, "message", "slack:T1:C1:2.0", {"text": "later"})
         first, second = await store.pending_ingress([1])
@@ -148,8 +157,10 @@ async def test_finished_ingress_records_are_pruned_after_they_are_kept(pg_url: s
             if pruner.pruned:
                 break
             await asyncio.sleep(0.05)
-        assert pruner.pruned == 1
+        assert pruner.pruned == 1 and pruner.pruned_requests == 1
         assert [r.key for r in await store.pending_ingress([1])] == [second.key]  # unfinished ones stay
+        assert await reader.operator_request(done) is None
+        assert (await reader.operator_request(waiting)) is not None  # a pending request stays
         assert await store.put_ingress(
             1, "message", "slack:T1:C1:1.0", {"text": "hi"}
         )  # its key is free again

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from harness_core.errors import LeaseLost, StorageError
 from harness_core.storage import OperatorRequests, PostgresStorage, PostgresStore
+from harness_core.storage._postgres_requests import PENDING, WAITING
 from harness_core.storage._postgres_schema import migrate
 
 
@@ -103,6 +104,40 @@ async def test_a_store_at_schema_version_one_gains_the_request_table_when_the_bo
         assert [r.id for r in await leader.pending_operator_requests()] == [request_id]
     finally:
         await leader.close()
+
+
+async def test_looking_for_open_requests_uses_an_index_and_pruning_keeps_the_open_ones(
+    pg_empty_url: str,
+) -> None:
+    # Version 3 indexed only 'pending' requests; the workers' looks ask for 'pending' or 'taken' and read the
+    # whole table, which nothing emptied. Version 4 indexes both; finished requests can be pruned.
+    conn = await asyncpg.connect(pg_empty_url)
+    try:
+        await migrate(conn, "test", upto=3)
+        await conn.execute(
+            "INSERT INTO operator_requests (partition, kind, args, status, outcome, created_at, finished_at) "
+            "SELECT g % 64, 'retry', '{}', 'done', '{}', 0, 0 FROM generate_series(1, 20000) g"
+        )
+        await conn.execute(
+            "INSERT INTO operator_requests (partition, kind, args, status, created_at) "
+            "VALUES (3, 'retry', '{}', 'pending', 0), (3, 'cancel', '{}', 'taken', 0)"
+        )
+    finally:
+        await conn.close()
+    store = await PostgresStore.open(pg_empty_url, partitions=64)  # migrates to the current version
+    try:
+        await store.pool.execute("ANALYZE operator_requests")
+        for query, args in ((WAITING, [list(range(32))]), (PENDING, [3, 20])):
+            plan = "\n".join(row[0] for row in await store.pool.fetch("EXPLAIN " + query, *args))
+            assert "operator_requests_open" in plan and "Seq Scan" not in plan, plan
+        assert await store.partitions_with_operator_requests(range(64)) == {3}
+        with pytest.raises(ValueError, match="finished_for"):
+            await store.prune_operator_requests(finished_for=float("nan"))
+        assert await store.prune_operator_requests(finished_for=60) == 20_000
+        statuses = sorted(r[0] for r in await store.pool.fetch("SELECT status FROM operator_requests"))
+        assert statuses == ["pending", "taken"]  # open requests stay whatever their age
+    finally:
+        await store.close()
 
 
 JSON = st.recursive(
