@@ -264,13 +264,26 @@ def _has_requests(conn: sqlite3.Connection) -> bool:
     return found.fetchone() is not None
 
 
+# Looked at twice a second by the leader: the requests still to carry out have an index, and finished ones
+# older than a week are deleted whenever a request is queued, so the table holds about a week of requests.
+_REQUESTS_OPEN = (
+    "CREATE INDEX IF NOT EXISTS operator_requests_open ON operator_requests (id) "
+    "WHERE status IN ('pending', 'taken')"
+)
+FINISHED_REQUESTS_KEPT_MS = 7 * 86_400_000
+_PRUNE_REQUESTS = "DELETE FROM operator_requests WHERE finished_at IS NOT NULL AND finished_at < ?"
+
+
 def _put_request(conn: sqlite3.Connection, kind: str, args: str) -> int:
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(_REQUESTS_TABLE)
+        conn.execute(_REQUESTS_OPEN)
+        now = int(time.time() * 1000)
+        conn.execute(_PRUNE_REQUESTS, (now - FINISHED_REQUESTS_KEPT_MS,))
         cursor = conn.execute(
             "INSERT INTO operator_requests (kind, args, status, created_at) VALUES (?, ?, 'pending', ?)",
-            (kind, args, int(time.time() * 1000)),
+            (kind, args, now),
         )
         conn.execute("COMMIT")
     except BaseException:

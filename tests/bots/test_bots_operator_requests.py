@@ -4,6 +4,7 @@ written by another process) gets an answer and never breaks the desk or leaves a
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,30 @@ async def test_a_request_the_bot_took_is_answered_not_withdrawn_when_the_asker_t
         await reader.close()
         await bridge.stop()
         await harness.close()
+
+
+async def test_on_sqlite_queuing_a_request_deletes_finished_ones_older_than_a_week(tmp_path: Path) -> None:
+    owner = await SqliteStorage.open(tmp_path / "s.sqlite")
+    try:
+        old, recent, open_ = [await owner.put_operator_request("retry", {"task": n}) for n in (1, 2, 3)]
+        for request_id in (old, recent):
+            assert await owner.finish_operator_request(request_id, "done", {"message": "done"})
+        week = 7 * 86_400_000
+        conn = sqlite3.connect(tmp_path / "s.sqlite")
+        with conn:
+            conn.execute(
+                "UPDATE operator_requests SET finished_at = finished_at - ? WHERE id = ?", (week + 1, old)
+            )
+            conn.execute("UPDATE operator_requests SET created_at = 0 WHERE id = ?", (open_,))
+            plan = conn.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM operator_requests WHERE status IN ('pending', 'taken') "
+                "ORDER BY id LIMIT 20"
+            ).fetchall()
+        conn.close()
+        assert "operator_requests_open" in str(plan), plan
+        await owner.put_operator_request("cancel", {"task": 4})
+        assert await owner.operator_request(old) is None
+        assert await owner.operator_request(recent) is not None
+        assert await owner.operator_request(open_) is not None  # pending: kept whatever its age
+    finally:
+        await owner.close()
