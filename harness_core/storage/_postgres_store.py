@@ -476,24 +476,20 @@ class PostgresStore:
         """Delete records finished more than `finished_for` seconds ago (by the server's clock); returns how
         many. Their keys are then free again: keep them longer than any platform redelivers an event (Slack
         retries for minutes; a day is plenty)."""
-        self._check()
-        if not 0 <= finished_for < 10**12:  # NaN and infinity too: no int of milliseconds
-            raise ValueError(f"finished_for must be a number of seconds >= 0, not {finished_for!r}")
-        status = await self._call(
-            "prune ingress", lambda conn: conn.execute(PRUNE_INGRESS, int(finished_for * 1000))
-        )
-        return int(status.split()[-1])
+        return await self._prune("prune ingress", PRUNE_INGRESS, finished_for)
 
     async def prune_operator_requests(self, *, finished_for: float) -> int:
         """Delete operator requests finished more than `finished_for` seconds ago (by the server's clock);
         returns how many. Requests still pending or taken stay whatever their age: their command may still
         be waiting for the answer."""
+        return await self._prune("prune operator requests", PRUNE_REQUESTS, finished_for)
+
+    async def _prune(self, action: str, statement: str, finished_for: float) -> int:
+        """Run a DELETE of rows finished more than `finished_for` seconds ago; returns how many."""
         self._check()
         if not 0 <= finished_for < 10**12:  # NaN and infinity too: no int of milliseconds
             raise ValueError(f"finished_for must be a number of seconds >= 0, not {finished_for!r}")
-        status = await self._call(
-            "prune operator requests", lambda conn: conn.execute(PRUNE_REQUESTS, int(finished_for * 1000))
-        )
+        status = await self._call(action, lambda conn: conn.execute(statement, int(finished_for * 1000)))
         return int(status.split()[-1])
 
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
