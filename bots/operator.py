@@ -339,7 +339,10 @@ async def _through_bot(
     try:
         if not isinstance(storage, OperatorRequests):
             raise BotError("this storage cannot pass requests to a running bot; stop the bot first")
-        found = await ask_running_bot(storage, kind, args, timeout=REQUEST_TIMEOUT)
+        try:
+            found = await ask_running_bot(storage, kind, args, timeout=REQUEST_TIMEOUT)
+        except NotFound as exc:
+            raise BotError(str(exc)) from None
     finally:
         await storage.close()
     if found is None:

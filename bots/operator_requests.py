@@ -177,6 +177,11 @@ async def ask_running_bot(
         found = await storage.operator_request(request_id)
         if found is not None and found.status not in ("pending", "taken"):
             return found
+        if found is None:  # deleted under us (pruned, the table emptied by hand): nothing will answer it
+            raise NotFound(
+                f"operator request {request_id} is no longer in the request table (pruned or deleted by hand); "
+                "whether it was carried out is unknown: see `durable-bots inspect`"
+            )
         now = loop.time()
         if now >= deadline and (found is None or found.status == "pending"):
             if await storage.withdraw_operator_request(request_id):

@@ -35,6 +35,7 @@ from bots.metrics import BotMetrics
 from bots.operator_requests import OperatorDesk
 from bots.ops import OpsContext, history_extension, ops_extension
 from bots.reload import Reloads
+from bots.store_pruner import StorePruner
 from harness_core import (
     AgentChange,
     AgentDoc,
@@ -708,6 +709,8 @@ async def run_bot(
         if isinstance(runtime.storage, OperatorRequests)
         else None
     )
+    # PostgreSQL: finished operator requests (and ingress records) are pruned by whoever writes the store.
+    pruner = StorePruner(runtime.storage.store) if isinstance(runtime.storage, PostgresStorage) else None
     reloads = Reloads(runtime, console.say)
     with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
         loop.add_signal_handler(signal.SIGHUP, reloads.request)
@@ -735,6 +738,8 @@ async def run_bot(
         runtime.harness.resume()
         if desk is not None:
             desk.start()
+        if pruner is not None:
+            pruner.start()
         freeze_startup_heap()
         inspection = await runtime.harness.inspect()
         parked = inspection.parked()
@@ -775,6 +780,8 @@ async def run_bot(
         phase[0] = "stopping"
         if desk is not None:
             await desk.stop()
+        if pruner is not None:
+            await pruner.stop()
         await reloads.stop()
         for adapter in reversed(started):
             try:

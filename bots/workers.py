@@ -35,7 +35,6 @@ from adapters.bridge import Router
 from adapters.health import health_of
 from adapters.redact import install_log_redaction, redact_url
 from bots.admin import AdminError, AdminServer
-from bots.background import OwnedLoop
 from bots.config import BotConfig
 from bots.cpu_priority import lower_priority
 from bots.intake_process import IntakeChild
@@ -57,6 +56,7 @@ from bots.runtime import (
     known_tools,
 )
 from bots.shards import ShardHost, shard_plan
+from bots.store_pruner import StorePruner
 from harness_core import (
     StorageError,
     WatchdogSettings,
@@ -68,9 +68,6 @@ log = logging.getLogger("bots.workers")
 MIN_CACHE_BYTES = 512 * 1024
 MIN_CACHE_CONVERSATIONS = 8
 STEP_TIMEOUT = 15.0
-INGRESS_KEEP = 86_400.0  # seconds a finished ingress record (its platform key) is kept
-REQUESTS_KEEP = 7 * 86_400.0  # seconds a finished operator request (its outcome) is kept
-PRUNE_EVERY = 3_600.0
 QUIET_WATCHDOG = WatchdogSettings(enabled=False, interval_ms=60_000)
 
 
@@ -94,44 +91,6 @@ def owned_line(owned: int, partitions: int, *, connected: bool = False) -> str:
             "platform until it owns one"
         )
     return f"durable-bots: worker owns {owned} of {partitions} partitions"
-
-
-class StorePruner(OwnedLoop):
-    """Every `every` seconds, deletes ingress records finished more than `keep` seconds ago and operator
-    requests finished more than `requests_keep` seconds ago (any worker may: each is one idempotent statement).
-    Ingress records are kept a day by default: longer than any platform re-sends an event, so a late duplicate
-    still finds its key. Operator requests a week: their outcomes stay readable for a while after the command
-    that asked. Owns its task."""
-
-    task_name = "store-pruner"
-
-    def __init__(
-        self,
-        store: PostgresStore,
-        *,
-        keep: float = INGRESS_KEEP,
-        requests_keep: float = REQUESTS_KEEP,
-        every: float = PRUNE_EVERY,
-    ) -> None:
-        self.store = store
-        self.keep = keep
-        self.requests_keep = requests_keep
-        self.every = every
-        self.pruned = 0  # ingress records
-        self.pruned_requests = 0
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.pruned += await self.store.prune_ingress(finished_for=self.keep)
-                self.pruned_requests += await self.store.prune_operator_requests(
-                    finished_for=self.requests_keep
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the database is away for a moment: next time
-                log.warning("pruning finished ingress records and operator requests: %s", exc)
-            await asyncio.sleep(self.every)
 
 
 class OwnershipReport:

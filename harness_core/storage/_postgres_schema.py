@@ -180,7 +180,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # requests: 21 ms a look). This one serves those looks whatever the table holds.
             "CREATE INDEX operator_requests_open ON operator_requests (partition, id) "
             "WHERE status IN ('pending', 'taken')",
-            "DROP INDEX operator_requests_pending",
+            "DROP INDEX IF EXISTS operator_requests_pending",
         ),
     ),
 )

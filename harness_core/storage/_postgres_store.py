@@ -149,6 +149,11 @@ class PostgresStore:
         try:
             async with store.pool.acquire() as conn:
                 version = await stored_version(conn)
+                if version is not None and version > SCHEMA_VERSION:
+                    raise StorageError(
+                        f"storage {store.description} has schema version {version}, newer than this build "
+                        f"knows ({SCHEMA_VERSION}); upgrade durable-bots"
+                    )
                 if version != SCHEMA_VERSION:
                     found = "no harness store" if version is None else f"schema version {version}"
                     raise StorageError(

@@ -3,17 +3,19 @@ written by another process) gets an answer and never breaks the desk or leaves a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from adapters.bridge import Bridge
 from bots.operator_requests import OperatorDesk, ask_running_bot
-from harness_core import Harness
+from harness_core import Harness, NotFound
 from harness_core.storage import PostgresStorage, SqliteStorage
 
 JSON = st.recursive(
@@ -148,4 +150,26 @@ async def test_on_sqlite_queuing_a_request_deletes_finished_ones_older_than_a_we
         assert await owner.operator_request(recent) is not None
         assert await owner.operator_request(open_) is not None  # pending: kept whatever its age
     finally:
+        await owner.close()
+
+
+async def test_a_request_deleted_while_its_command_waits_ends_the_wait_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    owner = await SqliteStorage.open(tmp_path / "s.sqlite")
+    reader = await SqliteStorage.open_read_only(tmp_path / "s.sqlite")
+    try:
+        asking = asyncio.create_task(ask_running_bot(reader, "retry", {"task": 1}, timeout=30))
+        for _ in range(500):
+            if await owner.pending_operator_requests():
+                break
+            await asyncio.sleep(0.01)
+        conn = sqlite3.connect(tmp_path / "s.sqlite")
+        with conn:
+            conn.execute("DELETE FROM operator_requests")
+        conn.close()
+        with pytest.raises(NotFound, match="no longer in the request table"):
+            await asyncio.wait_for(asking, 5)  # not a busy loop until the timeout
+    finally:
+        await reader.close()
         await owner.close()

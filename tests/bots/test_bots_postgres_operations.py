@@ -8,6 +8,7 @@ import json
 from collections.abc import Awaitable
 from pathlib import Path
 
+import asyncpg
 import pytest
 from bots_cli_support import (
     LAST_LINE,
@@ -24,6 +25,7 @@ from slack_ops_support import slack_bot
 
 from bots.cli import main
 from harness_core.storage import PostgresStorage
+from harness_core.storage._postgres_schema import migrate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 PASSWORD = "s3cret-pw"
@@ -45,6 +47,18 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
         'path = "var/ops.sqlite"': "",
         "[deploy]\n": f"[deploy]\nrecord_path = {toml_value(str(tmp_path / 'deploys.jsonl'))}\n",
     }
+    # A request finished eight days ago, from an earlier run: the running worker (64 partitions by default)
+    # prunes it (kept a week).
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await migrate(conn, "test")
+        stale = await conn.fetchval(
+            "INSERT INTO operator_requests (id, partition, kind, args, status, outcome, created_at, finished_at) "
+            "OVERRIDING SYSTEM VALUE VALUES (1000, 0, 'retry', '{}', 'done', '{}', 0, "
+            "(extract(epoch FROM now()) * 1000)::bigint - 691200000) RETURNING id"  # the next ids stay 1, 2
+        )
+    finally:
+        await conn.close()
     async with slack_bot(tmp_path, replace=storage, DATABASE_URL=with_password(pg_url)) as s:
         printed: list[str] = []
 
@@ -110,6 +124,12 @@ async def test_reads_and_requests_reach_the_running_bot_on_postgres(tmp_path: Pa
         tasks = json.loads(await run("tasks", "--json"))["tasks"]
         assert waiting["id"] not in [t["id"] for t in tasks]
         assert not (tmp_path / "deploys.jsonl").exists()  # nothing was deployed
+        reader = await PostgresStorage.open_read_only(pg_url)
+        try:
+            assert await reader.operator_request(stale) is None  # pruned by the running worker at its start
+            assert await reader.operator_request(2) is not None  # finished today: kept
+        finally:
+            await reader.close()
         assert await s.bot.terminate() == 0, await s.bot.stderr()
         printed.append(s.bot.output() + await s.bot.stderr())
     assert not any(PASSWORD in text for text in printed)

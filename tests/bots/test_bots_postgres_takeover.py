@@ -24,6 +24,8 @@ from aiohttp import web
 from bots_cli_support import LAST_LINE, BotProcess, bot_env, free_port, shipped_config_in, toml_value
 
 from adapters.slack.testing import Channel, FakeSlack, Message
+from harness_core.storage import PostgresStorage
+from harness_core.storage._postgres_schema import migrate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -357,6 +359,39 @@ async def test_a_standby_stops_at_once_on_sigterm_and_leaves_the_leader_alone(pa
     assert await standby.terminate(15) == 0, await standby.stderr()
     assert "durable-bots: stopped while on standby" in standby.output()
     assert leader.process.returncode is None
+    assert await leader.terminate() == 0, await leader.stderr()
+
+
+async def test_the_leader_prunes_operator_requests_finished_more_than_a_week_ago(
+    pair: Pair, pg_url: str
+) -> None:
+    # One bot over one partition (leader and standby), not the workers: it keeps the request table small too.
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await migrate(conn, "test")
+        stale, recent = [
+            await conn.fetchval(
+                "INSERT INTO operator_requests (partition, kind, args, status, outcome, created_at, finished_at) "
+                "VALUES (0, 'retry', '{}', 'done', '{}', 0, (extract(epoch FROM now()) * 1000)::bigint - $1) "
+                "RETURNING id",
+                age_ms,
+            )
+            for age_ms in (8 * 86_400_000, 86_400_000)
+        ]
+    finally:
+        await conn.close()
+    leader = await pair.start()
+    await wait_ready(leader, 60)
+    reader = await PostgresStorage.open_read_only(pg_url)
+    try:
+        for _ in range(100):
+            if await reader.operator_request(stale) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await reader.operator_request(stale) is None
+        assert await reader.operator_request(recent) is not None
+    finally:
+        await reader.close()
     assert await leader.terminate() == 0, await leader.stderr()
 
 

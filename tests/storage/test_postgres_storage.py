@@ -155,6 +155,9 @@ async def test_migrations_run_on_an_empty_database_and_a_newer_schema_is_refused
         await conn.close()
     with pytest.raises(StorageError, match="newer than this build"):
         await PostgresStorage.open(pg_empty_url)
+    # An operator command of an older build says the same, not "start the bot once to migrate it".
+    with pytest.raises(StorageError, match="newer than this build knows .*; upgrade durable-bots"):
+        await PostgresStorage.open_read_only(pg_empty_url)
 
 
 async def test_the_description_never_shows_the_password() -> None:
