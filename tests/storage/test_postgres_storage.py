@@ -156,7 +156,7 @@ async def test_migrations_run_on_an_empty_database_and_a_newer_schema_is_refused
     with pytest.raises(StorageError, match="newer than this build"):
         await PostgresStorage.open(pg_empty_url)
     # An operator command of an older build says the same, not "start the bot once to migrate it".
-    with pytest.raises(StorageError, match="newer than this build knows .*; upgrade durable-bots"):
+    with pytest.raises(StorageError, match=r"newer than this build knows .*; upgrade durable-bots"):
         await PostgresStorage.open_read_only(pg_empty_url)
 
 
