@@ -19,5 +19,6 @@ BENCHMARKS: dict[str, str] = {
     "takeover": "benchmarks.takeover",
     "pg_capacity": "benchmarks.pg_capacity",
     "workers": "benchmarks.workers",
+    "intake_bounds": "benchmarks.intake_bounds",
     "memory_growth": "benchmarks.memory_growth",
 }

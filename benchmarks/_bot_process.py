@@ -98,6 +98,7 @@ class BotProcess:
         partitions: int | None = None,
         intake: str = "shared",
         worker_nice: int | None = None,
+        lease_ttl: float = 10.0,
     ) -> None:
         self.name = name
         self.admin_port = free_port()
@@ -111,7 +112,7 @@ class BotProcess:
         self.config.write_text(
             CONFIG.format(
                 url=json.dumps(url),
-                ttl=10.0,
+                ttl=lease_ttl,
                 partitions="" if partitions is None else f"partitions = {partitions}\n",
                 tickets=json.dumps(str(scratch / "tickets.json")),
                 deploys=json.dumps(str(scratch / "deploys.jsonl")),

@@ -13,10 +13,12 @@ The server: `DURABLE_BOTS_BENCH_DATABASE_URL`, else a throwaway cluster with Pos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -41,6 +43,8 @@ GOAL_WORKERS = 2
 GOAL_P99 = 0.010
 COMMITS = "durable_bots_commit_seconds_count"
 COMMIT_SECONDS = "durable_bots_commit_seconds_sum"
+
+AroundLoad = Callable[[list[int]], AbstractAsyncContextManager[None]]  # given the workers' pids
 
 
 def partitions_supported() -> bool:
@@ -191,7 +195,13 @@ async def one_case(
     partitions: int | None,
     count: int,
     intake: str = "shared",
+    *,
+    mention_every: int = MENTION_EVERY,
+    around_load: AroundLoad | None = None,
+    lease_ttl: float = 10.0,
 ) -> Outcome:
+    """One case on a fresh database. `mention_every = 0`: no message mentions the bot (nothing answered
+    during the load); `around_load(worker_pids)` wraps the load only (`intake_bounds` pauses or watches)."""
     outcome = Outcome(workers, partitions, intake)
     scratch = options.scratch(NAME)
     bots: list[BotProcess] = []
@@ -201,7 +211,9 @@ async def one_case(
             users = [fake.add_user(f"U{n:03d}", name=f"user{n}") for n in range(USERS)]
             env = {**os.environ, **fake.env, "DURABLE_BOTS_DEMO_DELAY_MS": "0"}
             bots = [
-                BotProcess(f"worker-{n}", scratch, url, partitions=partitions, intake=intake)
+                BotProcess(
+                    f"worker-{n}", scratch, url, partitions=partitions, intake=intake, lease_ttl=lease_ttl
+                )
                 for n in range(workers)
             ]
             for bot in bots:  # one after another: the first creates the store, the others join it
@@ -234,7 +246,7 @@ async def one_case(
             arrivals: dict[str, list[float]] = {place.id: [] for place in places}  # mentions, in order
 
             async def post(n: int, arrival: float) -> None:
-                addressed = mentions_bot(n, MENTION_EVERY, CHANNELS)
+                addressed = mentions_bot(n, mention_every, CHANNELS)
                 text = f"{mention if addressed else ''}message {n}: all fine"
                 if addressed:
                     arrivals[places[n % CHANNELS].id].append(arrival)
@@ -265,7 +277,8 @@ async def one_case(
             gc.freeze()
             gc.disable()
             try:
-                start = await open_loop(count, RATE, post)
+                async with around_load(pids) if around_load is not None else contextlib.nullcontext():
+                    start = await open_loop(count, RATE, post)
             finally:
                 gc.enable()
                 gc.unfreeze()

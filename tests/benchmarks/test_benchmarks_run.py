@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import BENCHMARKS
 from benchmarks._env import Options
+from benchmarks.intake_bounds import CASES
 from benchmarks.workers import cases, label
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,10 @@ def run_tiny(name: str, workdir: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in ("intake_latency", "workers")])
+SPECIFIC = ("intake_latency", "workers", "intake_bounds")  # run by the tests below, with more checks
+
+
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in SPECIFIC])
 def test_benchmark_runs_and_prints_figures(name: str, tmp_path: Path) -> None:
     run_tiny(name, tmp_path)
 
@@ -56,3 +60,13 @@ def test_workers_runs_the_load_against_each_worker_count(tmp_path: Path) -> None
     # The goal's case: each channel answered after its last mention by whichever worker owns it, every
     # ingress record taken in.
     assert "0 channel(s) unanswered" in stdout and "0 not taken in" in stdout
+
+
+def test_intake_bounds_runs_each_way_and_times_the_servers_wal_flushes(tmp_path: Path) -> None:
+    stdout = run_tiny("intake_bounds", tmp_path)
+    for case in CASES:  # the throwaway cluster the benchmark starts lets every way run, the unflushed one too
+        for figure in ("intake p99", "WAL flush mean", "answered turns/s during the load"):
+            assert f"{case.name}: {figure}" in stdout, (case.name, figure)
+        # Paused owners are continued after the load: everything is taken in and answered all the same.
+        assert f"{case.name}: 0 not taken in, 0 channel(s) unanswered" in stdout, case.name
+    assert "event(s) not acked" not in stdout

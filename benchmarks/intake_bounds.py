@@ -1,0 +1,202 @@
+"""Issue 16: what bounds the intake p99 of 2 workers on this machine. The `workers` load (2 workers, a separate
+intake each, 64 partitions) run four ways, one after another in one run, each on a fresh database:
+
+- **the mixed load**, as `workers` runs it;
+- **no answered turns**: the same messages, none mentioning the bot (the owners only record them);
+- **owners paused**: the mixed load with both worker processes stopped (SIGSTOP) while it is sent, so only
+  their intake children, PostgreSQL and the fake Slack run: the intake path's own floor on this machine.
+  They are continued (SIGCONT) after it and take everything in; the lease TTL is 60 s here so no lease lapses;
+- **commits not waiting for the WAL flush**: the mixed load on a server set to `synchronous_commit = off`.
+  Not something durable-bots may run with (an ack would then promise a record a server crash can lose); it
+  is measured only to bound what the disk's flushes cost the intake. A throwaway cluster only.
+
+Around each load the server's WAL flushes are counted and timed (`pg_stat_wal` with `track_wal_io_timing`, set
+on a throwaway cluster only): an ingress put is acknowledged once its commit's flush returned, and every other
+commit on the server flushes the same WAL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+
+from benchmarks._env import Options, median, percentile
+from benchmarks._pg_server import Probe, Server, durable_server
+from benchmarks._report import Report
+from benchmarks.workers import (
+    CHANNELS,
+    GOAL_P99,
+    GOAL_WORKERS,
+    MENTION_EVERY,
+    PARTITIONS,
+    RATE,
+    AroundLoad,
+    Outcome,
+    one_case,
+)
+
+NAME = "intake_bounds"
+TITLE = "what bounds the 2-worker intake p99 under the `workers` load (issue 16)"
+
+PAUSED_LEASE_TTL = 60.0  # seconds: longer than any load here, so a paused owner keeps its leases
+WAL_STATS = "SELECT wal_sync, wal_sync_time FROM pg_stat_wal"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    mention_every: int = MENTION_EVERY
+    pause_owners: bool = False
+    unflushed: bool = False  # the server runs with synchronous_commit = off (a throwaway cluster only)
+
+
+CASES = (
+    Case("the mixed load"),
+    Case("no answered turns", mention_every=0),
+    Case("owners paused", pause_owners=True),
+    Case("commits not waiting for the WAL flush", unflushed=True),
+)
+
+
+@dataclass
+class Flushes:
+    """The server's WAL flushes (fsync-like calls) during one load: how many, and their summed time."""
+
+    count: int = 0
+    milliseconds: float = 0.0
+
+
+async def _set_server(server: Server, settings: dict[str, str | None]) -> None:
+    """ALTER SYSTEM (None: RESET) and reload; a throwaway cluster only, never someone's own server."""
+    assert server.local
+    conn = await asyncpg.connect(server.admin_url)
+    try:
+        for name, value in settings.items():
+            if value is None:
+                await conn.execute(f"ALTER SYSTEM RESET {name}")
+            else:
+                await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+def around(server: Server, case: Case, flushes: Flushes) -> AroundLoad:
+    @contextlib.asynccontextmanager
+    async def load(worker_pids: list[int]) -> AsyncIterator[None]:
+        conn = await asyncpg.connect(server.admin_url) if server.local else None
+        before = await conn.fetchrow(WAL_STATS) if conn is not None else None
+        paused: list[int] = []
+        try:
+            if case.pause_owners:
+                for pid in worker_pids:  # the worker only: its intake child (a process of its own) runs on
+                    os.kill(pid, signal.SIGSTOP)
+                    paused.append(pid)
+            yield
+        finally:
+            for pid in paused:
+                os.kill(pid, signal.SIGCONT)
+            if conn is not None and before is not None:
+                after = await conn.fetchrow(WAL_STATS)
+                flushes.count = int(after["wal_sync"] - before["wal_sync"])
+                flushes.milliseconds = float(after["wal_sync_time"] - before["wal_sync_time"])
+            if conn is not None:
+                await conn.close()
+
+    return load
+
+
+async def measure(
+    server: Server, probe: Probe, options: Options, case: Case, count: int
+) -> tuple[Outcome, Flushes]:
+    flushes = Flushes()
+    if server.local:
+        await _set_server(
+            server,
+            {"track_wal_io_timing": "on", "synchronous_commit": "off" if case.unflushed else None},
+        )
+    try:
+        outcome = await one_case(
+            server,
+            probe,
+            options,
+            GOAL_WORKERS,
+            PARTITIONS,
+            count,
+            "separate",
+            mention_every=case.mention_every,
+            around_load=around(server, case, flushes),
+            lease_ttl=PAUSED_LEASE_TTL if case.pause_owners else 10.0,
+        )
+    finally:
+        if server.local:
+            await _set_server(server, {"track_wal_io_timing": None, "synchronous_commit": None})
+    return outcome, flushes
+
+
+async def run(options: Options) -> Report:
+    seconds = options.size(10, 4)
+    count = RATE * seconds if not options.tiny else 100
+    report = Report(
+        NAME,
+        TITLE,
+        f"The `workers` load ({count:,} messages at {RATE}/s over {CHANNELS} channels, one in {MENTION_EVERY} "
+        f"mentioning the bot) against {GOAL_WORKERS} `durable-bots run` workers with `[workers] intake = "
+        f'"separate"` on {PARTITIONS} partitions, run four ways: '
+        + "; ".join(case.name for case in CASES)
+        + " (see the module's docstring). Intake as in `workers`: per event, from its scheduled arrival to "
+        "the ack. WAL flushes: the server's `pg_stat_wal` during the load (a throwaway cluster only).",
+    )
+    outcomes: dict[str, tuple[Outcome, Flushes]] = {}
+    async with durable_server() as server:
+        probe = await Probe.open(server)
+        try:
+            for case in CASES:
+                if case.unflushed and not server.local:
+                    report.note(
+                        f"{case.name}: not run (it changes the server's settings: a throwaway cluster only)"
+                    )
+                    continue
+                outcomes[case.name] = await measure(server, probe, options, case, count)
+        finally:
+            await probe.close()
+    for name, (outcome, flushes) in outcomes.items():
+        lat, lags = outcome.latencies, outcome.send_lags
+        report.add(f"{name}: intake p50", median(lat) * 1000, "ms")
+        report.add(f"{name}: intake p99", percentile(lat, 99) * 1000, "ms", f"{len(lat)} events acked")
+        report.add(f"{name}: of which before the fake sent it, p99", percentile(lags, 99) * 1000, "ms")
+        if flushes.count:
+            report.add(f"{name}: WAL flushes", flushes.count / max(outcome.seconds, 1e-9), "/s")
+            report.add(f"{name}: WAL flush mean", flushes.milliseconds / flushes.count, "ms")
+        report.add(
+            f"{name}: answered turns/s during the load",
+            outcome.answered_in_load / max(outcome.seconds, 1e-9),
+            "/s",
+            f"{outcome.answered_in_load} of {outcome.asked}",
+        )
+        report.add(
+            f"{name}: CPU workers / server / fake Slack",
+            outcome.worker_cpu,
+            "s",
+            f"{outcome.server_cpu:.1f} s, {outcome.slack_cpu:.1f} s",
+        )
+        if outcome.failed:
+            report.note(f"{name}: {len(outcome.failed)} event(s) not acked, first: {outcome.failed[0]}")
+        report.note(
+            f"{name}: {outcome.unfinished} not taken in, {outcome.channels_unanswered} channel(s) unanswered"
+        )
+    if "owners paused" in outcomes:
+        paused = outcomes["owners paused"][0]
+        p99 = percentile(paused.latencies, 99)
+        report.goal(
+            f"with the owners paused, intake p99 < {GOAL_P99 * 1000:g} ms (the intake path alone fits the "
+            "issue's goal on this machine; what the owners add is what misses it)",
+            p99 < GOAL_P99 and not paused.failed,
+            f"p99 {p99 * 1000:.1f} ms, {len(paused.failed)} not acked",
+        )
+    return report
