@@ -10,12 +10,11 @@ import asyncio
 import logging
 
 from bots.background import OwnedLoop
-from harness_core.storage import PostgresStore
+from harness_core.storage import FINISHED_REQUESTS_KEPT, PostgresStore
 
 log = logging.getLogger("bots.store_pruner")
 
 INGRESS_KEEP = 86_400.0  # seconds a finished ingress record (its platform key) is kept
-REQUESTS_KEEP = 7 * 86_400.0  # seconds a finished operator request (its outcome) is kept
 PRUNE_EVERY = 3_600.0
 
 
@@ -33,7 +32,7 @@ class StorePruner(OwnedLoop):
         store: PostgresStore,
         *,
         keep: float = INGRESS_KEEP,
-        requests_keep: float = REQUESTS_KEEP,
+        requests_keep: float = FINISHED_REQUESTS_KEPT,
         every: float = PRUNE_EVERY,
     ) -> None:
         self.store = store

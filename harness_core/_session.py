@@ -134,6 +134,12 @@ class Session:
         return self._failure is not None
 
     @property
+    def finishes_ingress(self) -> bool:
+        """Whether the storage keeps ingress records and finishes them in the commit that takes them in
+        (an optional storage capability: only the PostgreSQL store declares it)."""
+        return bool(getattr(self.storage, "finishes_ingress", False))
+
+    @property
     def sealed(self) -> bool:
         return self._sealed
 

@@ -67,7 +67,7 @@ class Tx:
         """Mark ingress record `record_id` finished by this commit: it is finished exactly when what this commit
         takes in from it is stored. Only on storage that keeps ingress records (`finishes_ingress`)."""
         self._check()
-        if not getattr(self._session.storage, "finishes_ingress", False):
+        if not self._session.finishes_ingress:
             raise InvalidOperation("this storage keeps no ingress records to finish")
         self._ingress_finished.append(record_id)
 

@@ -126,7 +126,7 @@ class Bridge:
     @property
     def finishes_in_commit(self) -> bool:
         """Whether this bridge's storage finishes an ingress record in the commit that takes it in."""
-        return bool(getattr(self.harness.session.storage, "finishes_ingress", False))
+        return self.harness.session.finishes_ingress
 
     async def decide(
         self,

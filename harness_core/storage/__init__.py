@@ -15,7 +15,12 @@ Optional capability: `OperatorRequests` (a durable channel from operator command
 from harness_core.storage._copy import CopyReport, copy_sqlite_to_postgres
 from harness_core.storage._jsonl import JsonlStorage
 from harness_core.storage._memory import MemoryStorage
-from harness_core.storage._operator import OperatorRequest, OperatorRequests, OperatorRequestStatus
+from harness_core.storage._operator import (
+    FINISHED_REQUESTS_KEPT,
+    OperatorRequest,
+    OperatorRequests,
+    OperatorRequestStatus,
+)
 from harness_core.storage._postgres import PostgresStorage, redact_url
 from harness_core.storage._postgres_balance import Balancer, Resources, assign
 from harness_core.storage._postgres_ingress import IngressRecord, WorkerInfo
@@ -25,6 +30,7 @@ from harness_core.storage._protocol import CommitBatch, DocChange, DocCreate, Or
 from harness_core.storage._sqlite import SqliteStorage
 
 __all__ = [
+    "FINISHED_REQUESTS_KEPT",
     "Balancer",
     "CommitBatch",
     "CopyReport",

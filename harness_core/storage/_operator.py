@@ -30,6 +30,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+# How long a finished request (its outcome) is kept: readable for a while after the command that asked.
+# SQLite deletes older ones whenever a request is queued; on PostgreSQL the store pruner does (bots).
+FINISHED_REQUESTS_KEPT = 7 * 86_400.0  # seconds
+
 OperatorRequestStatus = Literal["pending", "taken", "done", "failed", "withdrawn"]
 
 

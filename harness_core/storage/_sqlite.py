@@ -39,7 +39,12 @@ from harness_core.records import (
     Task,
 )
 from harness_core.storage._lock import OwnerLock
-from harness_core.storage._operator import REQUEST_COLUMNS, OperatorRequest, request_from_row
+from harness_core.storage._operator import (
+    FINISHED_REQUESTS_KEPT,
+    REQUEST_COLUMNS,
+    OperatorRequest,
+    request_from_row,
+)
 from harness_core.storage._protocol import CommitBatch, StorageMeta
 from harness_core.storage._sql_plan import CommitPlan, plan_or_refuse
 from harness_core.storage._sql_reads import MAX_SEQ, SqlRecordReads, wants_contents
@@ -270,7 +275,6 @@ _REQUESTS_OPEN = (
     "CREATE INDEX IF NOT EXISTS operator_requests_open ON operator_requests (id) "
     "WHERE status IN ('pending', 'taken')"
 )
-FINISHED_REQUESTS_KEPT_MS = 7 * 86_400_000
 _PRUNE_REQUESTS = "DELETE FROM operator_requests WHERE finished_at IS NOT NULL AND finished_at < ?"
 
 
@@ -280,7 +284,7 @@ def _put_request(conn: sqlite3.Connection, kind: str, args: str) -> int:
         conn.execute(_REQUESTS_TABLE)
         conn.execute(_REQUESTS_OPEN)
         now = int(time.time() * 1000)
-        conn.execute(_PRUNE_REQUESTS, (now - FINISHED_REQUESTS_KEPT_MS,))
+        conn.execute(_PRUNE_REQUESTS, (now - int(FINISHED_REQUESTS_KEPT * 1000),))
         cursor = conn.execute(
             "INSERT INTO operator_requests (kind, args, status, created_at) VALUES (?, ?, 'pending', ?)",
             (kind, args, now),
