@@ -86,11 +86,23 @@ async def _set_server(server: Server, settings: dict[str, str | None]) -> None:
         await conn.close()
 
 
+async def _wal_stats(conn: asyncpg.Connection | None) -> asyncpg.Record | None:
+    """The server's flush counters, or None where there are none to read (a shared server; PostgreSQL 18
+    moved them to `pg_stat_io`)."""
+    if conn is None:
+        return None
+    try:
+        row: asyncpg.Record | None = await conn.fetchrow(WAL_STATS)
+    except asyncpg.UndefinedColumnError:
+        return None
+    return row
+
+
 def around(server: Server, case: Case, flushes: Flushes) -> AroundLoad:
     @contextlib.asynccontextmanager
     async def load(worker_pids: list[int]) -> AsyncIterator[None]:
         conn = await asyncpg.connect(server.admin_url) if server.local else None
-        before = await conn.fetchrow(WAL_STATS) if conn is not None else None
+        before = await _wal_stats(conn)
         paused: list[int] = []
         try:
             if case.pause_owners:
@@ -101,8 +113,8 @@ def around(server: Server, case: Case, flushes: Flushes) -> AroundLoad:
         finally:
             for pid in paused:
                 os.kill(pid, signal.SIGCONT)
-            if conn is not None and before is not None:
-                after = await conn.fetchrow(WAL_STATS)
+            after = await _wal_stats(conn)
+            if before is not None and after is not None:
                 flushes.count = int(after["wal_sync"] - before["wal_sync"])
                 flushes.milliseconds = float(after["wal_sync_time"] - before["wal_sync_time"])
             if conn is not None:
