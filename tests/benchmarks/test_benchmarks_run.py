@@ -65,8 +65,17 @@ def test_workers_runs_the_load_against_each_worker_count(tmp_path: Path) -> None
 def test_intake_bounds_runs_each_way_and_times_the_servers_wal_flushes(tmp_path: Path) -> None:
     stdout = run_tiny("intake_bounds", tmp_path)
     for case in CASES:  # the throwaway cluster the benchmark starts lets every way run, the unflushed one too
-        for figure in ("intake p99", "WAL flush mean", "answered turns/s during the load"):
+        for figure in ("intake p99", "WAL flushes", "answered turns/s during the load"):
             assert f"{case.name}: {figure}" in stdout, (case.name, figure)
         # Paused owners are continued after the load: everything is taken in and answered all the same.
         assert f"{case.name}: 0 not taken in, 0 channel(s) unanswered" in stdout, case.name
+        # Each way is in effect while its load runs (checked by the benchmark itself, from outside the bots).
+        setting = "off" if case.unflushed else "on"
+        assert f"{case.name}: 0 not taken in, 0 channel(s) unanswered; synchronous_commit {setting}" in stdout
+        assert (
+            f"{case.name}: 0 not taken in, 0 channel(s) unanswered; synchronous_commit {setting}; "
+            "2 of 2 workers stopped" in stdout
+        ) == case.pause_owners, case.name
+    assert "no answered turns: answered turns/s during the load" in stdout
+    assert "(0 of 0)" in stdout  # no message mentioned the bot in that way
     assert "event(s) not acked" not in stdout
