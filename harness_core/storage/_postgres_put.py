@@ -7,8 +7,10 @@ many events): under load the put rate is no longer one commit per event. Each pu
 row is committed, and says whether it was new (`ON CONFLICT (key) DO NOTHING`; within one write a repeated key
 is new for its first put only). Rows are inserted in the order the puts were made.
 
-A write that fails (the connection dropped, the server is gone) fails every put in it; the connection is
-dropped and the next write connects again. A put whose commit was uncertain is safe to repeat: its key makes
+A write the server aborted to break a deadlock with another store's write (two batches holding the same keys in
+different orders) is repeated, after the server's `deadlock_timeout`. Any other write that fails (the
+connection dropped, the server is gone) fails every put in it; the connection is dropped and the next write
+connects again. A put whose commit was uncertain is safe to repeat: its key makes
 it exactly once. `close` fails the puts still queued and closes the connection. Owned by the store.
 """
 
@@ -19,10 +21,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from harness_core.errors import StorageClosed
 from harness_core.storage._postgres_owned import close_connection, end_task
 
 MAX_WRITE = 500  # puts per statement: bounds the statement while a burst is queued
+DEADLOCK_RETRIES = 5  # a write the server aborted to break a deadlock is repeated this many times at most
 
 PUT_MANY = """
 INSERT INTO ingress (key, partition, kind, payload, created_at)
@@ -52,6 +57,7 @@ class PutLine:
         self._conn: Any = None
         self._closed = False
         self.writes = 0  # statements written (tests, metrics)
+        self.deadlocks = 0  # writes repeated after the server broke a deadlock with another writer
 
     async def put(self, key: str, partition: int, kind: str, payload: str) -> bool:
         """Commit one record (with the others queued meanwhile); True if its key was new."""
@@ -99,14 +105,25 @@ class PutLine:
     async def _write(self, batch: list[_Put]) -> set[str]:
         if self._conn is None or self._conn.is_closed():
             self._conn = await self._connect()
+        args = (
+            [p.key for p in batch],
+            [p.partition for p in batch],
+            [p.kind for p in batch],
+            [p.payload for p in batch],
+        )
         try:
-            rows = await self._conn.fetch(
-                PUT_MANY,
-                [p.key for p in batch],
-                [p.partition for p in batch],
-                [p.kind for p in batch],
-                [p.payload for p in batch],
-            )
+            for attempt in range(DEADLOCK_RETRIES + 1):
+                try:
+                    rows = await self._conn.fetch(PUT_MANY, *args)
+                    break
+                except asyncpg.DeadlockDetectedError:
+                    # Two writers whose batches hold the same keys in different orders (one event sent to two
+                    # workers: a Slack retry, or a mention's message and app_mention events) can each wait
+                    # for the other's row. The server aborts one whole statement; repeating it is safe, as
+                    # its keys make every row exactly once, and the connection is still good.
+                    if attempt == DEADLOCK_RETRIES:
+                        raise
+                    self.deadlocks += 1
         except BaseException:
             conn, self._conn = self._conn, None
             conn.terminate()  # its state is unknown: the next write connects afresh

@@ -8,6 +8,7 @@ import asyncio
 import math
 from typing import Any
 
+import asyncpg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -344,3 +345,43 @@ async def test_a_closed_store_refuses_puts(pg_url: str) -> None:
     await store.close()
     with pytest.raises(StorageClosed):
         await store.put_ingress(0, "message", "late", {})
+
+
+async def test_a_write_the_server_aborts_to_break_a_deadlock_is_repeated(pg_url: str) -> None:
+    """Two workers' put lines can hold the same keys in opposite orders (one event sent to both: a Slack retry,
+    or a mention's `message` and `app_mention`); the server then aborts one write. Found in a benchmark run
+    where a warm-up event was never acknowledged."""
+    store = await PostgresStore.open(pg_url, partitions=1)
+    other = await asyncpg.connect(pg_url)
+    watcher = await asyncpg.connect(pg_url)
+    insert = (
+        "INSERT INTO ingress (key, partition, kind, payload, created_at) VALUES ($1, 0, 'message', '{}', 0)"
+    )
+    try:
+        await other.execute("SET deadlock_timeout = '60s'")  # so the put line's backend is the one aborted
+        async with other.transaction():
+            await other.execute(insert, "key-b")
+            # One write of [a, b]: it inserts a, then waits for the other transaction's b.
+            puts = asyncio.gather(
+                store.put_ingress(0, "message", "key-a", {}), store.put_ingress(0, "message", "key-b", {})
+            )
+            for _ in range(500):
+                waiting = await watcher.fetchval(  # not `other`: in a transaction it sees one snapshot
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND application_name LIKE '%ingress'"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting == 1
+            await other.execute(
+                insert, "key-a"
+            )  # waits for the put line's a: a deadlock, which aborts the write
+        # Repeated after the other transaction committed both keys: neither is new to the put line.
+        assert await asyncio.wait_for(puts, 30) == [False, False]
+        assert store.puts.deadlocks == 1
+        assert await other.fetchval("SELECT count(*) FROM ingress WHERE key IN ('key-a', 'key-b')") == 2
+    finally:
+        await watcher.close()
+        await other.close()
+        await store.close()
