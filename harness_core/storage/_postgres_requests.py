@@ -20,8 +20,7 @@ import json
 from typing import Any
 
 from harness_core.storage._operator import REQUEST_COLUMNS
-
-_NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+from harness_core.storage._postgres_ingress import NOW_MS as _NOW_MS
 
 PUT = (
     "INSERT INTO operator_requests (partition, kind, args, status, created_at) "
