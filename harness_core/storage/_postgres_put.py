@@ -5,10 +5,11 @@ harness commits and reads of 64 partitions for one of the pool's connections. Pu
 flight wait for the next one, which inserts all of them in one statement (one transaction, one WAL flush for
 many events): under load the put rate is no longer one commit per event. Each put still returns only once its
 row is committed, and says whether it was new (`ON CONFLICT (key) DO NOTHING`; within one write a repeated key
-is new for its first put only). Rows are inserted in the order the puts were made.
+is new for its first put only). Ids follow the order the puts were made; rows are inserted in key order, so two
+workers' writes sharing keys never deadlock.
 
-A write the server aborted to break a deadlock with another store's write (two batches holding the same keys in
-different orders) is repeated, after the server's `deadlock_timeout`. Any other write that fails (the
+A write the server aborted to break a deadlock anyway (with a writer that does not keep key order) is repeated,
+after the server's `deadlock_timeout`. Any other write that fails (the
 connection dropped, the server is gone) fails every put in it; the connection is dropped and the next write
 connects again. A put whose commit was uncertain is safe to repeat: its key makes
 it exactly once. `close` fails the puts still queued and closes the connection. Owned by the store.
@@ -29,11 +30,18 @@ from harness_core.storage._postgres_owned import close_connection, end_task
 MAX_WRITE = 500  # puts per statement: bounds the statement while a burst is queued
 DEADLOCK_RETRIES = 5  # a write the server aborted to break a deadlock is repeated this many times at most
 
+# Ids are drawn in the order the puts were made, then rows are inserted in key order: two writers (workers) whose
+# batches share keys insert them in one order, so one waits for the other's commit instead of each waiting for
+# the other's row (a deadlock, which the server breaks only after `deadlock_timeout`, a second by default).
 PUT_MANY = """
-INSERT INTO ingress (key, partition, kind, payload, created_at)
-SELECT k, p, t, d, (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-FROM unnest($1::text[], $2::int[], $3::text[], $4::text[]) WITH ORDINALITY AS u(k, p, t, d, n)
-ORDER BY n
+WITH u AS MATERIALIZED (
+    SELECT k, p, t, d, n, nextval('ingress_id_seq'::regclass) AS id
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[]) WITH ORDINALITY AS u(k, p, t, d, n)
+    ORDER BY n
+)
+INSERT INTO ingress (id, key, partition, kind, payload, created_at) OVERRIDING SYSTEM VALUE
+SELECT id, k, p, t, d, (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+FROM u ORDER BY k COLLATE "C", n
 ON CONFLICT (key) DO NOTHING RETURNING key
 """
 
@@ -117,10 +125,10 @@ class PutLine:
                     rows = await self._conn.fetch(PUT_MANY, *args)
                     break
                 except asyncpg.DeadlockDetectedError:
-                    # Two writers whose batches hold the same keys in different orders (one event sent to two
-                    # workers: a Slack retry, or a mention's message and app_mention events) can each wait
-                    # for the other's row. The server aborts one whole statement; repeating it is safe, as
-                    # its keys make every row exactly once, and the connection is still good.
+                    # Put lines insert in key order, so only a writer that does not (a hand-run statement, an
+                    # older release during a rolling deploy) can make each wait for the other's row. The
+                    # server aborts one whole statement; repeating it is safe, as its keys make every row
+                    # exactly once, and the connection is still good.
                     if attempt == DEADLOCK_RETRIES:
                         raise
                     self.deadlocks += 1

@@ -385,3 +385,48 @@ async def test_a_write_the_server_aborts_to_break_a_deadlock_is_repeated(pg_url:
         await watcher.close()
         await other.close()
         await store.close()
+
+
+async def test_two_workers_writes_sharing_keys_in_opposite_orders_do_not_deadlock(pg_url: str) -> None:
+    """Each worker's write holds the same two events in the opposite order (a mention's `message` and
+    `app_mention`, each sent to a random connection). Both writes are held after their first row until both
+    have started; inserting in arrival order they would then wait for each other's row."""
+    first = await PostgresStore.open(pg_url, partitions=1)
+    second = await PostgresStore.open(pg_url, partitions=1)
+    gate = await asyncpg.connect(pg_url)
+    watcher = await asyncpg.connect(pg_url)
+    try:
+        # The gate holds keys `g1` and `g2` uncommitted: a write reaching one waits there.
+        gate_tx = gate.transaction()
+        await gate_tx.start()
+        for key in ("g1", "g2"):
+            await gate.execute(
+                "INSERT INTO ingress (key, partition, kind, payload, created_at) VALUES ($1, 0, 'm', '{}', 0)",
+                key,
+            )
+
+        def write(store: PostgresStore, keys: list[str]) -> Any:
+            return asyncio.gather(*(store.put_ingress(0, "message", key, {"key": key}) for key in keys))
+
+        ones = write(first, ["x", "g1", "y"])
+        twos = write(second, ["y", "g2", "x"])
+        for _ in range(500):
+            waiting = await watcher.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND application_name LIKE '%ingress'"
+            )
+            if waiting == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting == 2
+        await gate_tx.rollback()  # both writes go on
+        one, two = await asyncio.wait_for(asyncio.gather(ones, twos), 30)
+        assert first.puts.deadlocks == second.puts.deadlocks == 0
+        assert one[1] and two[1]  # each gate key is its write's own
+        assert [one[0] + two[2], one[2] + two[0]] == [1, 1]  # x and y: new to exactly one worker each
+        assert await watcher.fetchval("SELECT count(*) FROM ingress WHERE key IN ('x', 'y', 'g1', 'g2')") == 4
+    finally:
+        await watcher.close()
+        await gate.close()
+        await first.close()
+        await second.close()
