@@ -243,3 +243,7 @@ class Bridge:
         for submission in publication.submissions:
             if submission.status in ("done", "unanswered"):
                 self.delivery.kick(str(submission.id))
+        for task in publication.tasks:
+            # A parked task a reply shows as on hold was retried (or ended): its replies show what happens now.
+            if task.id in self.delivery.on_hold and (not task.parked or not task.live):
+                self.delivery.kick_conversation(self.delivery.on_hold.pop(task.id))

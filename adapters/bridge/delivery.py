@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.bridge.docs import ApprovalDoc, DeliveredDoc, MessageDoc, PlaceDoc, ReplyDoc
 from adapters.bridge.model import DeleteRefused, EditExpired, MessageGone, Place, RetryLater, TransportError
-from adapters.bridge.text import incident_id, is_internal, render_partial, render_unanswered, split_text
+from adapters.bridge.text import (
+    QUEUED,
+    WAITING_BEHIND_HOLD,
+    incident_id,
+    is_internal,
+    render_partial,
+    render_unanswered,
+    split_text,
+)
 from harness_core import Entry, Harness, LiveDoc, Tx, log_context
 from harness_core.messages import AssistantMessage, ToolResultMessage
 
@@ -161,9 +169,18 @@ class ReplyWorker:
         else:
             live = await harness.snapshot(LiveDoc, int(reply["conversation_id"])) or {}
             run = live.get("run") or {}
+            on_hold = await self.on_hold(live, int(reply["conversation_id"]))
             if not run.get("inputs") or int(run["inputs"][0]) != submission.id:
-                return False  # queued behind another run: nothing to show yet
-            text = render_partial(live, await self.pending_approval_tools(int(reply["conversation_id"])))
+                if on_hold and run.get("inputs"):
+                    # Behind a run that waits for an operator (maybe for days): the channel hears why.
+                    text = WAITING_BEHIND_HOLD
+                elif reply.get("parts"):
+                    text = QUEUED  # it showed the hold, which an operator has retried since
+                else:
+                    return False  # queued behind another run: nothing to show yet
+            else:
+                pending = await self.pending_approval_tools(int(reply["conversation_id"]))
+                text = render_partial(live, pending, on_hold)
         # A platform that escapes text counts the escaped length (optional `measure` on the transport).
         parts = split_text(text, transport.max_chars, getattr(transport, "measure", len))
         ids = await self.show(transport, target, reply, parts, final=final)
@@ -173,6 +190,20 @@ class ReplyWorker:
             log.info("answer delivered in %s", target.key)
             return True
         return False
+
+    async def on_hold(self, live: dict[str, Any], conversation_id: int) -> dict[int, int]:
+        """The run's parked tasks (its generation task, its unfinished tool tasks) and their restart counts.
+        Each is remembered, so that a `retry` of it shows at once."""
+        ids = [(live.get("run") or {}).get("task_id")]
+        ids += [slot.get("task_id") for slot in live.get("tools", []) if slot.get("status") != "done"]
+        found: dict[int, int] = {}
+        for task_id in ids:
+            if isinstance(task_id, int):
+                task = await self.bridge.harness.get_task(task_id)
+                if task is not None and task.parked:
+                    found[task_id] = task.restarts
+                    self.bridge.delivery.on_hold[task_id] = conversation_id
+        return found
 
     async def pending_approval_tools(self, conversation_id: int) -> list[str]:
         return [
@@ -328,6 +359,7 @@ class Delivery:
         # Live reply keys per conversation; a conversation leaves with its last live reply (no empty sets).
         self.by_conversation: dict[int, set[str]] = {}
         self._conversation_of: dict[str, int] = {}
+        self.on_hold: dict[int, int] = {}  # parked tasks shown in a reply -> their conversation
         self.stopping = False
 
     def track(self, key: str, conversation_id: int | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 FENCE = "```"
@@ -101,18 +101,43 @@ def message_text(message: dict[str, Any] | None) -> str:
     return "".join(part.get("text", "") for part in message.get("content", []) if part.get("type") == "text")
 
 
-def render_partial(live: dict[str, Any], approvals_pending: list[str]) -> str:
-    """What a streaming reply shows: the text so far, then tool status lines."""
+def on_hold_line(doing: str, restarts: int, task_id: int) -> str:
+    """A task parked after repeated process deaths (DESIGN.md §2.6), said in the chat's terms: what it was doing,
+    and the id an operator passes to `retry`."""
+    return (
+        f"⚠️ The bot stopped {restarts} times in a row while {doing}, so that is on hold until an operator "
+        f"retries it (task {task_id})."
+    )
+
+
+WAITING_BEHIND_HOLD = (
+    "⏳ Waiting behind an earlier request here that is on hold until an operator retries it."
+)
+QUEUED = "⏳ Queued behind an earlier request here."
+
+
+def render_partial(
+    live: dict[str, Any], approvals_pending: list[str], on_hold: Mapping[int, int] | None = None
+) -> str:
+    """What a streaming reply shows: the text so far, then tool status lines. `on_hold` maps each parked task
+    of the run (its generation task, its tool tasks) to its restart count."""
+    on_hold = on_hold or {}
     lines: list[str] = []
     text = message_text((live.get("generation") or {}).get("message"))
     if text:
         lines.append(text + " …")
+    run_task: Any = (live.get("run") or {}).get("task_id")
+    if run_task in on_hold:
+        lines.append(on_hold_line("writing this answer", on_hold[run_task], run_task))
     for slot in live.get("tools", []):
         status = slot.get("status")
         if status == "done":
             continue
         name = slot.get("name", "tool")
-        if name in approvals_pending:
+        task_id: Any = slot.get("task_id")
+        if task_id in on_hold:
+            lines.append(on_hold_line(f"running `{name}`", on_hold[task_id], task_id))
+        elif name in approvals_pending:
             lines.append(f"⏸️ `{name}` is waiting for approval")
         elif status == "running":
             lines.append(f"⚙️ running `{name}`…")

@@ -25,6 +25,7 @@ from bots_cli_support import (
 )
 from slack_ops_support import SlackBot, body, sample, slack_bot
 
+from adapters.bridge.text import WAITING_BEHIND_HOLD
 from adapters.discord.testing import FakeDiscord
 from adapters.slack.testing import FakeSlack
 from harness_core.storage import SqliteStorage
@@ -149,16 +150,31 @@ def sqlite_request_latency_ms(workdir: Path, request_id: int) -> Awaitable[int]:
 
 async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) -> None:
     env = bot_env(tmp_path)
-    config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
+    question = {"id": "2", "text": "is the build green?", "user": "U2", "name": "bob"}
+    config = write_config(tmp_path, messages=[call("fragile", {}, "1"), question], restart_limit=1)
     await park_the_fragile_tool(config, env)
     bot = await BotProcess.start(config, env=env)
     try:
+        # The channel is told, in its terms, why the answer stopped and why bob's question waits.
+        held = await bot.wait_for_fake(lambda r: "on hold" in r["text"] and "`fragile`" in r["text"])
+        waiting = await bot.wait_for_fake(lambda r: r["op"] == "create" and r["id"] != held["id"])
+        assert waiting["text"] == WAITING_BEHIND_HOLD
         task_id = await retry_the_parked_task(bot, config, env)
+        assert held["text"] == (
+            "⚠️ The bot stopped 2 times in a row while running `fragile`, so that is on hold until an operator "
+            f"retries it (task {task_id})."
+        )
         assert await sqlite_request_latency_ms(tmp_path, 1) < 1500  # picked up within about a second
-        # The bot itself delivers the model's answer to the tool result.
-        await bot.wait_for_fake(
+        # The bot itself delivers the model's answer to the tool result, in the message that showed the hold.
+        answer = await bot.wait_for_fake(
             lambda r: r["op"] == "edit" and r["final"] and "worked this time" in r["text"]
         )
+        assert answer["id"] == held["id"] and "on hold" not in answer["text"]
+        # Bob's question is answered next, in the message that said it waited: one message, no second post.
+        bobs = await bot.wait_for_fake(
+            lambda r: r["op"] == "edit" and r["final"] and r["id"] == waiting["id"]
+        )
+        assert "on hold" not in bobs["text"] and "Waiting" not in bobs["text"]
         again = await cli(config, "retry", str(task_id), env=env)
         assert again.returncode == 1 and "already ended; nothing to retry" in again.stderr
         assert await bot.terminate() == 0

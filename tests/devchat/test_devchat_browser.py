@@ -374,6 +374,13 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
     await expect(waiting).to_have_count(1)  # the deploy still waits, untouched by the crashes
     await expect(tasks.get_by_test_id("retry")).to_have_count(1)  # only a parked task can be retried
     assert ledger(bot.workdir) == ["fragile", "fragile"]
+    # #ops is told why its answer stopped, and a question asked behind it says why it waits.
+    held = bob.bot().filter(has_text="so that is on hold until an operator retries it")
+    await expect(held).to_contain_text("The bot stopped 2 times in a row while running")
+    await bob.say("is checkout healthy?")
+    behind = bob.bot().filter(has_text="Waiting behind an earlier request here that is on hold")
+    await expect(behind).to_have_count(1)
+    await expect(behind).to_have_attribute("data-final", "false")
 
     (bot.workdir / "repaired").touch()  # the operator fixes the cause, then presses Retry
     await parked.get_by_test_id("retry").click()
@@ -383,6 +390,9 @@ async def test_the_panel_shows_running_waiting_and_parked_tasks_and_retry_runs_a
     await expect(result).to_have_attribute("data-final", "true")
     await expect(result.get_by_test_id("text")).to_contain_text("worked this time")
     assert ledger(bot.workdir) == ["fragile", "fragile", "fragile"]  # ran once more, to completion
+    await expect(bob.page.get_by_text("on hold")).to_have_count(0)  # both messages moved on
+    await expect(bob.bot().last).to_have_attribute("data-final", "true")  # the question answered in place
+    await expect(bob.bot()).to_have_count(2)
     await expect(waiting).to_have_count(1)
     assert alice.errors == [] and bob.errors == []
 
