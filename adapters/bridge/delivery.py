@@ -26,6 +26,7 @@ from adapters.bridge.text import (
     WAITING_BEHIND_HOLD,
     incident_id,
     is_internal,
+    is_status_only,
     render_partial,
     render_unanswered,
     split_text,
@@ -245,8 +246,11 @@ class ReplyWorker:
                     # Final edits are paced too (they wait their turn, they are never skipped).
                     async with self.pace(transport, target):
                         await transport.edit(target, message_id, text, part["key"], final=final)
-                except (MessageGone, EditExpired):
-                    # Continue in a new message; the old one keeps what it showed.
+                except (MessageGone, EditExpired) as refused:
+                    # Continue in a new message; the old one keeps what it showed, unless that was only a
+                    # status (an on-hold notice, a wait), which would go on saying so: it is deleted.
+                    stale = message_id if isinstance(refused, EditExpired) else None
+                    stale_status = stale is not None and is_status_only(self.bridge.shown.get(stale, ""))
                     new_key = f"{part['key']}+"
                     await self.record_part(index, {"key": new_key, "message_id": None})
                     async with self.pace(transport, target):
@@ -254,9 +258,21 @@ class ReplyWorker:
                             target, text, new_key, final=final, requester=self.requester(reply)
                         )
                     await self.record_part(index, {"key": new_key, "message_id": message_id})
+                    if stale is not None and stale_status:
+                        await self.delete_stale(transport, target, stale, part["key"])
                 self.bridge.shown[message_id] = text
             ids.append(message_id)
         return ids
+
+    async def delete_stale(self, transport: Transport, target: Place, message_id: str, key: str) -> None:
+        """Delete a message that showed only a status and can no longer be edited (best effort: a crash before
+        the delete, or a platform that refuses it, leaves it as it was)."""
+        self.bridge.shown.pop(message_id, None)
+        async with self.pace(transport, target):
+            try:
+                await transport.delete(target, message_id, key)
+            except (DeleteRefused, MessageGone) as exc:
+                log.info("reply %s: an outdated status message %s stays (%s)", self.key, message_id, exc)
 
     async def remove_parts(
         self, transport: Transport, target: Place, parts: list[dict[str, Any]], *, keep: int

@@ -10,7 +10,8 @@ partition's owner, whichever worker that is, and the adapter acknowledges the pl
 returned: nothing acknowledged is lost, and a message delivered twice (to two workers, or as Slack's `message`
 and `app_mention`) is one record. Every message of a channel takes the same path whichever worker the platform
 handed it to, so a channel's messages are taken in in the order they were committed (a direct intake at the
-owner would overtake one still on its way from another worker). `direct_intake=True` takes a message for a
+owner would overtake one still on its way from another worker); two committed at the same moment by two workers
+may be taken in either way round, as the platform may have sent them. `direct_intake=True` takes a message for a
 partition owned here straight in instead (one commit less; order across workers then only as good as the
 paths' latencies). A click for a gate owned here is decided directly (the clicker is answered at once); any
 other is committed as a `click` record for the gate's owner.

@@ -110,6 +110,16 @@ def on_hold_line(doing: str, restarts: int, task_id: int) -> str:
     )
 
 
+# How every status line of a reply begins (`render_partial`'s and the notices below). Answer text in a partial
+# comes first and ends in " …", so a text made only of these lines (or the bare "…") shows no answer.
+STATUS_MARKS = ("⏸️ ", "⚙️ ", "⏳ ", "↻ ", "⚠️ The bot stopped ")
+
+
+def is_status_only(text: str) -> bool:
+    """Whether a shown text is only status (no answer text): nothing is lost when it is replaced elsewhere."""
+    return bool(text) and all(line == "…" or line.startswith(STATUS_MARKS) for line in text.splitlines())
+
+
 WAITING_BEHIND_HOLD = (
     "⏳ Waiting behind an earlier request here that is on hold until an operator retries it."
 )
