@@ -199,19 +199,30 @@ async def stored_version(conn: asyncpg.Connection) -> int | None:
 
 async def migrate(conn: asyncpg.Connection, description: str, *, upto: int = SCHEMA_VERSION) -> int:
     """Apply every step newer than the stored version, up to `upto`; return the version before migrating."""
+    stored = await stored_version(conn)
+    if stored is not None:
+        _refuse_newer(stored, description)
+        if stored >= upto:
+            # Nothing to apply: no lock and no DDL, so a role that may only read and write the tables (they
+            # were created by another role) opens the store too.
+            return stored
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
     try:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_version (one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), "
-            "version INTEGER NOT NULL)"
-        )
+        try:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one), "
+                "version INTEGER NOT NULL)"
+            )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise StorageError(
+                f"storage {description}: its schema needs creating or upgrading (version {stored or 0} of "
+                f"{SCHEMA_VERSION}), which this role may not do ({exc}); open it once as a role that may create "
+                "tables in the schema (its owner); after that this role needs only SELECT, INSERT, UPDATE and DELETE on "
+                "the tables and USAGE on their sequences"
+            ) from None
         await conn.execute("INSERT INTO schema_version (version) VALUES (0) ON CONFLICT DO NOTHING")
         current = int(await conn.fetchval("SELECT version FROM schema_version"))
-        if current > SCHEMA_VERSION:
-            raise StorageError(
-                f"storage {description} has schema version {current}, newer than this build knows "
-                f"({SCHEMA_VERSION}); upgrade durable-bots"
-            )
+        _refuse_newer(current, description)
         for version, statements in MIGRATIONS:
             if version <= current or version > upto:
                 continue
@@ -222,6 +233,14 @@ async def migrate(conn: asyncpg.Connection, description: str, *, upto: int = SCH
         return current
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+
+
+def _refuse_newer(version: int, description: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"storage {description} has schema version {version}, newer than this build knows "
+            f"({SCHEMA_VERSION}); upgrade durable-bots"
+        )
 
 
 async def store_partitions(conn: asyncpg.Connection, description: str, partitions: int | None) -> int:
