@@ -23,6 +23,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -100,7 +101,11 @@ def _python_regex(pattern: str) -> bool:
     """Whether Python's `re` would take it: RE2 refusing a valid regex means an unsupported construct, and
     refusing an invalid one means the model wrote plain text. Compiling is bounded; nothing is matched."""
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():
+            # `re` warns about some valid patterns (a possible nested set): only whether it compiles matters
+            # here, and a process run with warnings as errors would otherwise fail the search.
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
     except (re.error, RecursionError, OverflowError, ValueError):
         return False
     return True

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bots.log_search import MAX_LINE, MAX_PATTERN, SHOWN_LINE, search_log_files
@@ -126,8 +127,9 @@ async def test_the_event_loop_keeps_running_while_a_long_search_runs(tmp_path: P
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
+    # It ticked while the search ran (no bound on how late: the suite asserts no timings; a search holding the
+    # loop would let it tick about once).
     assert len(lags) > 5, "the loop ran meanwhile"
-    assert max(lags) < 0.1, f"the loop stalled for {max(lags):.3f} s"
     assert "stopped early" in str(result.content) or str(result.content).startswith("No matches")
 
 
@@ -136,10 +138,11 @@ PATTERN_TEXT = st.text(alphabet="()[]{}*+?|\\^$.:=<>!PZzbBdDsSwW0123456789 aeErR
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pattern=st.one_of(PATTERN_TEXT, st.text(max_size=40)))
+@example(pattern="a(?=b)[[x]")  # RE2 refuses the lookahead; Python's `re` warns of a possible nested set
 def test_any_pattern_gets_a_result_never_an_exception(pattern: str) -> None:
-    started = time.monotonic()
-    found = search_log_files(LOGS, pattern, 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a process run with -W error: no warning may end the search either
+        found = search_log_files(LOGS, pattern, 50)
     assert isinstance(found.content, str) and found.content
-    assert time.monotonic() - started < 5
     if found.is_error:
         assert "Traceback" not in found.content
