@@ -377,7 +377,9 @@ class Router:
                     failure = failure or result
                     continue
                 log.debug("ingress record %d: %s", record_id, result.outcome)
-                if not in_commit:
+                if not in_commit or result.outcome == "refused":
+                    # A refused message's commit was rolled back, its finish with it: finished here instead,
+                    # or it would be taken in (and refused) again forever, and 100 of them stop the partition.
                     done.append(record_id)
                 self.consumed += 1
             run.clear()

@@ -18,7 +18,7 @@ from adapters.bridge.ingress import message_payload
 from adapters.bridge.partitions import partition_of_place
 from adapters.bridge.testing import MemoryTransport
 from harness_core import AgentChange, Harness, HarnessSettings, InvalidOperation, ModelRef, Models, Registry
-from harness_core.errors import LeaseLost, StorageRequestError
+from harness_core.errors import LeaseLost, StorageRequestError, StrictJsonError
 from harness_core.models.faux import FauxProvider, faux_assistant
 from harness_core.storage import CommitBatch, MemoryStorage, PostgresStorage, PostgresStore, SqliteStorage
 
@@ -118,6 +118,46 @@ async def test_the_intake_commit_finishes_the_record_and_no_separate_finish_runs
         assert await other.put_ingress(1, "message", "duplicate-key", message_payload(sent[0]))
         await eventually(lambda rows: rows.get("duplicate-key", False), pg_url)
         assert finished_apart == [] and await submissions_of(pg_url, [sent[0].request_id]) == 1
+    finally:
+        await owner.stop()
+        await sender.stop()
+        await bridge.stop()
+        await harness.close()
+        await store.close()
+        await other.close()
+
+
+async def test_a_message_the_harness_refuses_has_its_record_finished_and_the_next_goes_on(
+    pg_url: str,
+) -> None:
+    """The refusal rolls the intake commit back, the record's finish with it: the router finishes it apart
+    (else it would be taken in and refused again forever, and a batch of them would stop the partition)."""
+    store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
+    other = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=30)
+    harness, bridge, owner = await owner_stack(store, 1, MemoryTransport())
+    submit = harness.submit_in
+    refusals: list[str] = []
+
+    async def refusing(tx: Any, conversation_id: int, draft: Any) -> Any:
+        if "poison" in str(getattr(draft, "content", "")):
+            refusals.append(str(draft.content))
+            raise StrictJsonError("$.content: not valid JSON")
+        return await submit(tx, conversation_id, draft)
+
+    harness.submit_in = refusing  # type: ignore[method-assign]
+    sender = Router(other, PARTITIONS, consume=False)
+    try:
+        place = place_in(1)
+        sent = [
+            IncomingMessage(place, f"1.{n}", "U1", "alice", text, mentions_bot=True)
+            for n, text in enumerate(["poison", "fine"])
+        ]
+        for item in sent:
+            await sender.intake(item)
+        await eventually(lambda rows: len(rows) == 2 and all(rows.values()), pg_url)
+        await commits_settled(pg_url, 1)
+        assert len(refusals) == 1  # taken in once, refused once
+        assert await submissions_of(pg_url, [sent[1].request_id]) == 1
     finally:
         await owner.stop()
         await sender.stop()
