@@ -147,6 +147,8 @@ class PartitionHost:
             settings=settings,
             on_report=_report,
         )
+        bridge: Bridge | None = None
+        unsubscribe: Callable[[], None] | None = None
         try:
             # The same tools in every partition: a conversation's tools do not depend on who runs it.
             bridge = self._bridge(harness, handle.check_owner)
@@ -163,12 +165,19 @@ class PartitionHost:
             if watching:
                 self._watchdog = number
             unsubscribe = harness.add_publication_listener(self.metrics.on_publication)
-            await self.router.add_partition(number, bridge)
             parked = (await harness.inspect()).parked()
             if parked:
                 ids = ", ".join(str(t.record.id) for t in parked)
                 self.say(f"durable-bots: {len(parked)} parked task(s) ({ids}): see `durable-bots inspect`")
+            # Last: once the router feeds it, the partition is open (a failure before leaves no trace there,
+            # so the balancer's next try can open it again).
+            await self.router.add_partition(number, bridge)
         except BaseException:
+            if unsubscribe is not None:
+                unsubscribe()
+            with contextlib.suppress(Exception):
+                if bridge is not None:
+                    await asyncio.wait_for(bridge.stop(), STEP_TIMEOUT)
             with contextlib.suppress(Exception):
                 await harness.close()
             raise

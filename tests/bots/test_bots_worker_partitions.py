@@ -5,13 +5,16 @@ stop releases the rest."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import pytest
 from bots_cli_support import bot_env, cli, shipped_config_in, toml_value
 
-from adapters.bridge import Router
-from bots.config import load_config
+from adapters.bridge import IncomingMessage, Place, Router, partition_of_place
+from bots.config import BotConfig, load_config
 from bots.metrics import BotMetrics
 from bots.ops import search_conversations
 from bots.partition_stack import PartitionHost, cache_share
@@ -19,7 +22,7 @@ from bots.reload import reload_config
 from bots.runtime import agent_change, build_models, enabled_tools, known_tools
 from bots.store_pruner import StorePruner
 from bots.workers import owned_line, rescue_grace
-from harness_core import CORE_USER, HarnessSettings
+from harness_core import CORE_USER, Harness, HarnessSettings, Models, StorageError
 from harness_core.messages import UserMessage
 from harness_core.storage import Balancer, PostgresStorage, PostgresStore, Resources
 
@@ -27,9 +30,27 @@ PARTITIONS = 4
 TTL = 1.5
 
 
-async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
-    tmp_path: Path, pg_url: str
-) -> None:
+@dataclass
+class InProcessWorker:
+    """What `durable-bots run` builds for a partitioned store, in this process: store, router, partition host,
+    balancer (not started)."""
+
+    config: BotConfig
+    store: PostgresStore
+    router: Router
+    host: PartitionHost
+    balancer: Balancer
+    models: Models
+    said: list[str]
+
+    async def close(self) -> None:
+        await self.balancer.stop()
+        await self.router.stop()
+        await self.store.close()
+        await self.models.aclose()
+
+
+async def in_process_worker(tmp_path: Path, pg_url: str) -> InProcessWorker:
     config = load_config(
         shipped_config_in(
             tmp_path,
@@ -42,7 +63,7 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
     known, _ = known_tools(config)
     said: list[str] = []
     store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
-    router = Router(store, PARTITIONS)
+    router = Router(store, PARTITIONS, poll_interval=0.2)
     models = build_models(config.bot.model_ref, env)
     host = PartitionHost(
         config,
@@ -68,6 +89,15 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         tick=0.2,
         grace=rescue_grace(TTL),
     )
+    return InProcessWorker(config, store, router, host, balancer, models, said)
+
+
+async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
+    tmp_path: Path, pg_url: str
+) -> None:
+    worker = await in_process_worker(tmp_path, pg_url)
+    config, router, host, balancer = worker.config, worker.router, worker.host, worker.balancer
+    said = worker.said
     conn = await asyncpg.connect(pg_url)
     try:
         await balancer.start()
@@ -120,10 +150,58 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         assert holders == {0: None, 1: None, 2: "thief", 3: None}  # released at once, except the lost one
     finally:
         await conn.close()
-        await balancer.stop()
-        await router.stop()
-        await store.close()
-        await models.aclose()
+        await worker.close()
+
+
+async def test_a_partition_whose_opening_failed_is_opened_again_and_takes_its_messages_in(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage error late in opening a partition (here: the read of its parked tasks) leaves nothing behind:
+    the next try opens it and its messages are taken in. Before, the router kept serving the failed open's
+    closed harness and refused every later open ("already served here") until the worker restarted."""
+    inspect = Harness.inspect
+    failures: list[int] = []
+
+    async def failing_once(harness: Harness) -> Any:
+        if not failures:
+            failures.append(1)
+            raise StorageError("storage postgresql://…: scan submissions failed: connection was closed")
+        return await inspect(harness)
+
+    monkeypatch.setattr(Harness, "inspect", failing_once)
+    worker = await in_process_worker(tmp_path, pg_url)
+    sender_store = await PostgresStore.open(pg_url, partitions=PARTITIONS, lease_ttl=TTL)
+    sender = Router(sender_store, PARTITIONS, consume=False)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await worker.balancer.start()
+        assert failures == [1]
+        for _ in range(200):
+            if sorted(worker.host.parts) == list(range(PARTITIONS)):
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(worker.host.parts) == sorted(worker.router.owned()) == list(range(PARTITIONS))
+        channels = [Place("slack", "T1", f"C{n}") for n in range(200)]
+        places = [  # two channels of every partition
+            place
+            for number in range(PARTITIONS)
+            for place in [c for c in channels if partition_of_place(c, PARTITIONS) == number][:2]
+        ]
+        assert len(places) == 2 * PARTITIONS
+        for n, place in enumerate(places):
+            await sender.intake(IncomingMessage(place, f"1.{n}", "U1", "alice", "hello"))
+        for _ in range(200):
+            if await conn.fetchval("SELECT count(*) FROM ingress WHERE finished_at IS NULL") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await conn.fetchval("SELECT count(*) FROM ingress WHERE finished_at IS NOT NULL") == len(
+            places
+        )
+    finally:
+        await conn.close()
+        await sender.stop()
+        await sender_store.close()
+        await worker.close()
 
 
 def test_each_partition_harness_gets_a_share_of_the_cache_and_the_console_speaks_plainly() -> None:
