@@ -57,6 +57,10 @@ class Ingress(Protocol):
         """Finish many records in one statement (finishing one twice is harmless)."""
         ...
 
+    async def drop_ingresses(self, record_ids: Collection[int]) -> None:
+        """Delete records, freeing their keys (a refused click, so its clicker may click again)."""
+        ...
+
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
         """Call `callback(partition)` when a record for `partition` was put; returns the unsubscribe."""
         ...
@@ -81,7 +85,8 @@ class Click:
 
     @property
     def key(self) -> str:
-        """One record per click identity: a double click (or a re-sent interaction) is one record."""
+        """One record per click identity: a double click (or a re-sent interaction) is one record. A click its
+        gate's owner refuses is dropped, freeing the key for that person's next click."""
         return f"click:{self.platform or ''}:{self.gate_id}:{self.user_id}:{self.action}"
 
 

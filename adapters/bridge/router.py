@@ -359,6 +359,7 @@ class Router:
         handed to the bridge as a run (their commits queue in this order and share transactions); a click is
         decided on its own, after the messages before it."""
         done: list[int] = []  # finished below, in one statement
+        dropped: list[int] = []  # refused clicks: deleted below, so their clickers may click again
         run: list[tuple[int, IncomingMessage]] = []
         failure: BaseException | None = None
         # Where the storage can, a message's record is finished by the commit that takes it in (one write
@@ -406,18 +407,20 @@ class Router:
                     await take_run()
                 if failure is not None:
                     break
-                await self._decide(bridge, item)
-                done.append(record.id)
+                (done if await self._decide(bridge, item) else dropped).append(record.id)
                 self.consumed += 1
             if run and failure is None:
                 await take_run()
         finally:
             if done:
                 await self.ingress.finish_ingresses(done)
+            if dropped:
+                await self.ingress.drop_ingresses(dropped)
         if failure is not None:
             raise failure
 
-    async def _decide(self, bridge: Bridge, item: Click) -> None:
+    async def _decide(self, bridge: Bridge, item: Click) -> bool:
+        """Decide a forwarded click here, at its gate's owner; whether it was accepted."""
         decision = await bridge.decide(
             item.gate_id,
             user_id=item.user_id,
@@ -435,6 +438,7 @@ class Router:
             item.gate_id,
             "accepted" if decision.accepted else decision.reason,
         )
+        return decision.accepted
 
     def _read(self, partition: int, record: IngressRecordLike) -> IncomingMessage | Click:
         if record.kind == MESSAGE:

@@ -195,6 +195,13 @@ class MemoryIngress:
         self.finish_calls += 1
         self.finished.update(record_ids)
 
+    async def drop_ingresses(self, record_ids: Collection[int]) -> None:
+        self._maybe_fail("drop_ingresses")
+        for record_id in record_ids:
+            record = self.records.pop(record_id, None)
+            if record is not None:
+                self._keys.discard(record.key)
+
     def on_ingress(self, callback: Callable[[int], None]) -> Callable[[], None]:
         self._callbacks.append(callback)
 

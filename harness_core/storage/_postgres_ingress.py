@@ -32,6 +32,9 @@ WHERE partition = ANY($1::int[]) AND finished_at IS NULL ORDER BY id LIMIT $2
 FINISH_INGRESS = (
     f"UPDATE ingress SET finished_at = {NOW_MS} WHERE id = ANY($1::bigint[]) AND finished_at IS NULL"
 )
+# A record whose event was refused (a click the gate's owner turned down): gone at once, so its key is free for
+# the next click of the same person.
+DROP_INGRESS = "DELETE FROM ingress WHERE id = ANY($1::bigint[])"
 # Only finished records, and only old ones: a key must outlive the platform's redeliveries of its event.
 PRUNE_INGRESS = f"DELETE FROM ingress WHERE finished_at IS NOT NULL AND finished_at < {NOW_MS} - $1"
 

@@ -31,6 +31,7 @@ import asyncpg
 from harness_core.errors import StorageClosed, StorageCorrupt, StorageError, StorageRequestError
 from harness_core.storage._postgres import PostgresStorage, redact_url, url_is_ambiguous, url_secrets
 from harness_core.storage._postgres_ingress import (
+    DROP_INGRESS,
     FINISH_INGRESS,
     HEARTBEAT,
     INGRESS_CHANNEL,
@@ -471,6 +472,14 @@ class PostgresStore:
         ids = sorted({int(record_id) for record_id in record_ids})
         if ids:
             await self._call("finish ingress records", lambda conn: conn.execute(FINISH_INGRESS, ids))
+
+    async def drop_ingresses(self, record_ids: Collection[int]) -> None:
+        """Delete records at once instead of finishing them: their keys are free again (a click the gate's
+        owner refused must not keep its clicker's key for a day, or a later valid click is taken for it)."""
+        self._check()
+        ids = sorted({int(record_id) for record_id in record_ids})
+        if ids:
+            await self._call("drop ingress records", lambda conn: conn.execute(DROP_INGRESS, ids))
 
     async def _wake_owners(self, partitions: list[int]) -> None:
         # Not `_call`: the wake-ups of the last puts are still sent while `close` runs (before the pool closes).

@@ -281,6 +281,50 @@ async def test_a_forwarded_click_is_decided_once_by_the_gates_owner(bots: BotFac
     assert runs == ["api"]
 
 
+async def test_a_click_its_owner_refused_leaves_the_clickers_key_free_for_a_later_valid_click(
+    bots: BotFactory, routers: Any
+) -> None:
+    """A worker that cannot read the gate (a separate intake process) forwards every click. Bob clicks before
+    he is in the approvers' group: the owner refuses it. Once in the group he clicks again, and that click is
+    decided, not taken for a repeat of the refused one."""
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    runs: list[str] = []
+    policy = ApprovalPolicy(tools=["deploy"], groups=["GOPS"])
+    owner = await bots(
+        platform=platform, responder=deploy_flow, tools=[deploy_tool(runs)], approvals=[policy]
+    )
+    await owner.say("100.1", "ship it", user="U1", name="alice")
+    card = await gate_message(owner)
+    gate = gate_id(card)
+    intake, consumer = routers(ingress, consume=False), routers(ingress)
+    intake.attach(platform)
+    consumer.attach(platform)
+    await consumer.add_partition(gate % PARTITIONS, owner.bridge)
+    origin = ClickOrigin(card.target.channel, card.id)
+
+    async def click(groups: tuple[str, ...]) -> None:
+        decision = await intake.decide(
+            gate,
+            user_id="UBOB",
+            user_name="bob",
+            action="approve",
+            user_groups=groups,
+            origin=origin,
+            platform="memory",
+        )
+        assert (decision.accepted, decision.forwarded) == (True, True)
+        await eventually(lambda: asyncio.sleep(0, not ingress.unfinished()), "the click taken")
+
+    await click(())
+    doc = await owner.bridge.gate_doc(gate)
+    assert doc is not None and doc["status"] == "pending"  # refused: bob was not an approver yet
+    assert not ingress.records  # dropped, not kept for a day under bob's key
+    await click(("GOPS",))
+    doc = await owner.bridge.gate_doc(gate)
+    assert doc is not None and (doc["status"], doc["decided_by"]) == ("approved", "bob")
+    assert len(ingress.records) == 1 and not ingress.unfinished()  # the accepted one is kept (finished)
+
+
 async def test_a_click_the_owner_would_refuse_is_answered_at_once_by_the_worker_it_reached(
     bots: BotFactory, routers: Any
 ) -> None:

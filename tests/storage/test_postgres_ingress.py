@@ -223,6 +223,21 @@ async def test_only_old_finished_records_are_pruned(pg_url: str) -> None:
         await store.close()
 
 
+async def test_dropped_records_free_their_keys_at_once(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, partitions=1)
+    try:
+        for key in ("click:slack:5:U1:approve", "click:slack:5:U2:approve"):
+            assert await store.put_ingress(0, "click", key, {})
+        refused, accepted = await store.pending_ingress([0])
+        await store.finish_ingress(accepted.id)
+        await store.drop_ingresses([refused.id, refused.id])  # twice in one call: harmless
+        await store.drop_ingresses([])
+        assert await store.put_ingress(0, "click", refused.key, {})  # the refused clicker may click again
+        assert not await store.put_ingress(0, "click", accepted.key, {})  # a finished key is still kept
+    finally:
+        await store.close()
+
+
 async def test_wake_ups_are_coalesced_per_partition_yet_every_record_is_there(pg_url: str) -> None:
     owner = await PostgresStore.open(pg_url, partitions=8)
     other = await PostgresStore.open(pg_url, partitions=8)
