@@ -102,6 +102,8 @@ class BotMetrics:
         # A worker with several partitions: every (harness, bridge) it runs now, and its shared governors.
         self._parts: Callable[[], Sequence[tuple[Harness, Bridge]]] | None = None
         self._governors: Callable[[], dict[str, RateGovernor]] | None = None
+        # The counts of partitions that left this worker: Prometheus counters must never go back.
+        self._retired = Sample()
 
     # --- wiring -----------------------------------------------------------------------------------------------
 
@@ -121,6 +123,10 @@ class BotMetrics:
         counted by subscribing `on_publication` to each partition's harness while it runs."""
         self._parts, self._governors, self.adapters = parts, governors, adapters
 
+    def retire(self, bridge: Bridge) -> None:
+        """A partition's bridge leaves this worker (lost or handed over): its counts stay in the totals."""
+        _add_counts(self._retired, bridge)
+
     def on_publication(self, publication: Publication) -> None:
         for entry in publication.entries:
             if entry.kind != CORE_TOOL_RESULT:
@@ -138,6 +144,14 @@ class BotMetrics:
         """Read counters and gauges of the running bot (of every partition a worker runs, summed). Runs in the
         event loop."""
         found = Sample()
+        retired = self._retired
+        for mine, kept in (
+            (found.taken_in, retired.taken_in),
+            (found.duplicates, retired.duplicates),
+            (found.answers, retired.answers),
+            (found.decided, retired.decided),
+        ):
+            mine.update(kept)
         if self._parts is not None:
             parts = list(self._parts())
         else:
@@ -178,6 +192,13 @@ def _add_governors(found: Sample, governors: dict[str, RateGovernor]) -> None:
 
 
 def _add_bridge(found: Sample, bridge: Bridge) -> None:
+    _add_counts(found, bridge)
+    found.approvals_pending += sum(
+        1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
+    )
+
+
+def _add_counts(found: Sample, bridge: Bridge) -> None:
     stats = bridge.stats
     for mine, theirs in (
         (found.taken_in, stats.taken_in),
@@ -187,9 +208,6 @@ def _add_bridge(found: Sample, bridge: Bridge) -> None:
     ):
         for key, value in theirs.items():
             mine[key] = mine.get(key, 0) + value
-    found.approvals_pending += sum(
-        1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
-    )
 
 
 class _ScrapeCollector(Collector):

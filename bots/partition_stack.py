@@ -213,6 +213,7 @@ class PartitionHost:
             await asyncio.wait_for(part.bridge.stop(), STEP_TIMEOUT)
         except Exception as exc:
             log.warning("partition %d: stopping its bridge: %r", number, exc)
+        self.metrics.retire(part.bridge)
         try:
             await asyncio.wait_for(part.harness.close(), STEP_TIMEOUT * 2)
         except Exception as exc:

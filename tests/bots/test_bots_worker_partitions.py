@@ -74,6 +74,7 @@ async def in_process_worker(tmp_path: Path, pg_url: str) -> InProcessWorker:
         agent=agent_change(config, enabled_tools(config, known)),
         say=said.append,
     )
+    host.metrics.bind_parts(host.running, router.governors, [])  # as bots/workers.py does
     balancer = Balancer(
         store,
         [
@@ -104,6 +105,8 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
         assert sorted(host.parts) == list(range(PARTITIONS))
         assert sorted(router.owned()) == list(range(PARTITIONS))
         lost = host.parts[2]
+        lost.bridge.stats.taken_in["slack"] += 5  # what it took in while this worker owned it
+        assert (await host.metrics.sample()).taken_in["slack"] == 5
         # Another process takes partition 2 over (as after a pause past the ttl): a new holder, a new epoch.
         await conn.execute(
             "UPDATE leases SET holder = 'thief', epoch = epoch + 1, expires_at = now() + interval '1 minute' "
@@ -116,6 +119,7 @@ async def test_a_lost_lease_closes_only_its_partition_and_writes_nothing_more(
                 break
             await asyncio.sleep(0.05)
         assert sorted(host.parts) == [0, 1, 3] and sorted(router.owned()) == [0, 1, 3]
+        assert (await host.metrics.sample()).taken_in["slack"] == 5  # a counter never goes back
         assert lost.harness.closed.done() and 2 not in balancer.owned
         assert all(not part.harness.closed.done() for part in host.parts.values())
         # Nothing more was written for it: its meta and its lease row are as the new holder left them.
