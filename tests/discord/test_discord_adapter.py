@@ -604,14 +604,19 @@ async def test_an_edit_refused_for_age_continues_the_answer_in_a_new_message(
         responder=lambda r: faux_assistant(f"re {user_lines(r)[-1]}{pad}"), chunk_size=20, delay_ms=10
     )
 
-    def age(record: Any) -> None:  # as if the stream had started more than an hour ago
-        fake.age_message(int(record.params["message_id"]), 3601)
+    patches: list[Any] = []
 
-    fake.on_request("PATCH", "/channels/{channel_id}/messages/{message_id}", age, times=1)
+    def age(record: Any) -> None:  # at the second edit: as if the stream had started more than an hour ago
+        patches.append(record)
+        if len(patches) == 2:
+            fake.age_message(int(record.params["message_id"]), 3601)
+
+    fake.on_request("PATCH", "/channels/{channel_id}/messages/{message_id}", age, times=2)
     await fake.user_sends(world.general, world.alice, "a slow answer")
     await final(fake, world.general, "re Alice: a slow answer" + pad)
     first, second = world.answers()
-    assert first.content.endswith("…")  # keeps what it showed when Discord refused the edit (30046)
+    # Keeps the partial answer it showed when Discord refused the edit (30046).
+    assert first.content.startswith("re Alice") and first.content.endswith("…")
     assert second.content == "re Alice: a slow answer" + pad
 
 
@@ -629,10 +634,16 @@ async def test_an_answer_streaming_past_the_age_limit_continues_without_editing_
     fake.on_request("POST", MESSAGES_ROUTE, lambda _: fake.clock.advance(3601), when="after_effect", times=1)
     await fake.user_sends(world.general, world.alice, "a slow answer")
     await final(fake, world.general, "re Alice: a slow answer" + pad)
-    first, second = world.answers()
-    assert first.content.endswith("…")  # keeps the partial it showed
-    assert second.content == "re Alice: a slow answer" + pad
-    assert patches_of(fake, first.id) == []  # not one PATCH of the old message
+    (answer,) = world.answers()
+    assert answer.content == "re Alice: a slow answer" + pad
+    (first,) = [
+        m
+        for m in fake.messages(world.general, include_deleted=True)
+        if m.author is fake.bot and m.id != answer.id
+    ]
+    # The old message showed only the "…" placeholder: not one PATCH of it, and it is deleted rather than left
+    # hanging above the answer.
+    assert patches_of(fake, first.id) == [] and first.deleted
 
 
 async def test_catch_up_reads_at_most_the_limit_and_keeps_the_newest(

@@ -394,7 +394,9 @@ async def test_a_write_the_server_aborts_to_break_a_deadlock_is_repeated(pg_url:
             )  # waits for the put line's a: a deadlock, which aborts the write
         # Repeated after the other transaction committed both keys: neither is new to the put line.
         assert await asyncio.wait_for(puts, 30) == [False, False]
-        assert store.puts.deadlocks == 1
+        # At least once: the repeat may take `key-a` again before the other transaction's waiting insert does,
+        # and deadlock once more (each repeat is safe; at most DEADLOCK_RETRIES).
+        assert store.puts.deadlocks >= 1
         assert await other.fetchval("SELECT count(*) FROM ingress WHERE key IN ('key-a', 'key-b')") == 2
     finally:
         await watcher.close()
