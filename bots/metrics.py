@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from adapters.base import Adapter
 from adapters.bridge import Bridge, RateGovernor
+from adapters.bridge.stats import BridgeStats
 from adapters.health import health_of
 from harness_core import CORE_TOOL_RESULT, Harness, Publication
 from harness_core.messages import AssistantMessage, ToolResultMessage
@@ -103,7 +104,7 @@ class BotMetrics:
         self._parts: Callable[[], Sequence[tuple[Harness, Bridge]]] | None = None
         self._governors: Callable[[], dict[str, RateGovernor]] | None = None
         # The counts of partitions that left this worker: Prometheus counters must never go back.
-        self._retired = Sample()
+        self._retired = BridgeStats()
 
     # --- wiring -----------------------------------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class BotMetrics:
 
     def retire(self, bridge: Bridge) -> None:
         """A partition's bridge leaves this worker (lost or handed over): its counts stay in the totals."""
-        _add_counts(self._retired, bridge)
+        self._retired.add(bridge.stats)
 
     def on_publication(self, publication: Publication) -> None:
         for entry in publication.entries:
@@ -144,14 +145,7 @@ class BotMetrics:
         """Read counters and gauges of the running bot (of every partition a worker runs, summed). Runs in the
         event loop."""
         found = Sample()
-        retired = self._retired
-        for mine, kept in (
-            (found.taken_in, retired.taken_in),
-            (found.duplicates, retired.duplicates),
-            (found.answers, retired.answers),
-            (found.decided, retired.decided),
-        ):
-            mine.update(kept)
+        _add_counts(found, self._retired)
         if self._parts is not None:
             parts = list(self._parts())
         else:
@@ -192,14 +186,13 @@ def _add_governors(found: Sample, governors: dict[str, RateGovernor]) -> None:
 
 
 def _add_bridge(found: Sample, bridge: Bridge) -> None:
-    _add_counts(found, bridge)
+    _add_counts(found, bridge.stats)
     found.approvals_pending += sum(
         1 for gate in bridge.approvals.gates.values() if gate.get("status") == "pending"
     )
 
 
-def _add_counts(found: Sample, bridge: Bridge) -> None:
-    stats = bridge.stats
+def _add_counts(found: Sample, stats: BridgeStats) -> None:
     for mine, theirs in (
         (found.taken_in, stats.taken_in),
         (found.duplicates, stats.duplicates),

@@ -20,3 +20,10 @@ class BridgeStats:
     """Answers whose final render reached the platform, by platform."""
     approvals_decided: Counter[str] = field(default_factory=Counter)
     """Accepted approval decisions, by outcome (approved, denied)."""
+
+    def add(self, other: BridgeStats) -> None:
+        """Add `other`'s counts to these (a worker keeps the counts of partitions it no longer runs)."""
+        self.taken_in.update(other.taken_in)
+        self.duplicates.update(other.duplicates)
+        self.answers_delivered.update(other.answers_delivered)
+        self.approvals_decided.update(other.approvals_decided)
