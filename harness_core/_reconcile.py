@@ -174,7 +174,7 @@ class Reconciler:
 
     def _maybe_reserve(self, task: Task) -> None:
         harness = self.harness
-        if not harness.scheduler.active or task.parked:
+        if not harness.scheduler.active or task.held:
             return
         definition = harness.registry.task(task.kind)
         if definition is None or definition.version != task.version:

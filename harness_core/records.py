@@ -154,6 +154,12 @@ class Task(_Record):
     def live(self) -> bool:
         return self.state.status != "terminal"
 
+    @property
+    def held(self) -> bool:
+        """Parked and not asked to abort: not scheduled until `retry_task`. An abort of a parked task runs (its
+        abort handler is not the step that kept killing the process; `cancel` is how an operator gives up)."""
+        return self.parked and not self.abort_requested
+
 
 # --- submissions --------------------------------------------------------------------------------------------
 

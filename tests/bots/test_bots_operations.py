@@ -16,6 +16,7 @@ from bots_cli_support import (
     bot_env,
     cli,
     free_port,
+    ledger,
     park_the_fragile_tool,
     request_latency_ms,
     retry_the_parked_task,
@@ -177,6 +178,28 @@ async def test_retry_of_a_parked_task_reaches_the_running_bot(tmp_path: Path) ->
         assert "on hold" not in bobs["text"] and "Waiting" not in bobs["text"]
         again = await cli(config, "retry", str(task_id), env=env)
         assert again.returncode == 1 and "already ended; nothing to retry" in again.stderr
+        assert await bot.terminate() == 0
+    finally:
+        await bot.kill()
+
+
+async def test_cancel_of_a_parked_task_gives_it_up_and_the_answer_moves_on(tmp_path: Path) -> None:
+    env = bot_env(tmp_path)
+    config = write_config(tmp_path, messages=[call("fragile", {}, "1")], restart_limit=1)
+    await park_the_fragile_tool(config, env)
+    bot = await BotProcess.start(config, env=env)
+    try:
+        held = await bot.wait_for_fake(lambda r: "on hold" in r["text"])
+        task_id = int(held["text"].split("(task ")[1].rstrip(").").strip())
+        cancelled = await cli(config, "cancel", str(task_id), env=env)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert "is being cancelled (by the running bot)" in cancelled.stdout
+        # Its abort runs (not the tool again): the answer ends, in the message that showed the hold.
+        final = await bot.wait_for_fake(lambda r: r["op"] == "edit" and r["final"] and r["id"] == held["id"])
+        assert "on hold" not in final["text"]
+        assert ledger(tmp_path) == ["fragile", "fragile"]  # the two runs that killed it, none after
+        tasks = json.loads((await cli(config, "tasks", "--json", env=env)).stdout)["tasks"]
+        assert task_id not in [t["id"] for t in tasks]
         assert await bot.terminate() == 0
     finally:
         await bot.kill()

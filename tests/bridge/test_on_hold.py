@@ -112,6 +112,43 @@ async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying
     assert not set(held) & {m.id for m in bot.platform.in_place(CHANNEL)}
 
 
+async def test_a_parked_task_cancelled_by_the_operator_leaves_no_on_hold_text(bots: Bots) -> None:
+    @tool
+    async def fragile() -> str:
+        """Hangs (in the real case: kills its process)."""
+        await asyncio.Event().wait()
+        return "never"
+
+    def responder(request: ModelRequest) -> AssistantMessage:
+        last = request.messages[-1]
+        if isinstance(last, ToolResultMessage):
+            return faux_assistant(f"tool said: {last.text()}")
+        text = user_texts(request)[-1]
+        if "fragile" in text:
+            return faux_assistant([faux_tool_call("fragile", {}, id="f1")])
+        return faux_assistant(f"answer to {text.split('> ')[-1]}")
+
+    bot = await bots(responder=responder, tools=[fragile])
+    await bot.say("1.1", "<@BOT> run fragile", user="U1", name="alice")
+    task_id = await until_running(bot, "core.tool")
+
+    async def park(tx: Tx) -> None:
+        task = await tx.task(task_id)
+        assert task is not None
+        tx.put_task(task.model_copy(update={"parked": True, "restarts": 2}))
+
+    await bot.harness.commit(park)
+    for key in list(bot.bridge.delivery.active):
+        bot.bridge.delivery.kick(key)
+    await bot.say("1.2", "<@BOT> is the build green?", user="U2", name="bob")
+    await until(lambda: WAITING_BEHIND_HOLD in bot.platform.texts(CHANNEL), "the waiting notice")
+    assert await bot.harness.abort_task(task_id) in ("marked", "terminal")  # `durable-bots cancel`
+    await bot.settle()
+    texts = bot.platform.texts(CHANNEL)
+    assert not [text for text in texts if "on hold" in text], texts
+    assert "answer to is the build green?" in texts  # bob's question answered after all
+
+
 async def until_running(bot: Bot, kind: str) -> int:
     for _ in range(500):
         running = [

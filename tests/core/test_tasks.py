@@ -375,6 +375,19 @@ async def test_restart_limit_parks_and_retry_runs_again() -> None:
     await harness.close()
 
 
+async def test_a_parked_task_that_is_cancelled_runs_its_abort_not_its_work() -> None:
+    storage = await MemoryStorage.open()
+    task_id = await _seed_running_task(storage, restarts=5)
+    harness = await open_with_tasks(storage)
+    harness.resume()
+    assert (await harness.get_task(task_id)).parked  # type: ignore[union-attr]
+    assert await harness.abort_task(task_id) == "marked"  # what `durable-bots cancel` does
+    done = await asyncio.wait_for(harness.wait_for_task(task_id), 10)
+    assert done.state.outcome is not None and done.state.outcome.status == "aborted"
+    assert log == []  # neither phase ran again
+    await harness.close()
+
+
 async def test_graceful_close_joins_and_writes_no_outcome(tmp_path: Path) -> None:
     registry = Registry()
     registry.install(ALL)
