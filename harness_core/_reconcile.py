@@ -174,7 +174,7 @@ class Reconciler:
 
     def _maybe_reserve(self, task: Task) -> None:
         harness = self.harness
-        if not harness.scheduler.active or task.held:
+        if not harness.scheduler.active or task.parked:
             return
         definition = harness.registry.task(task.kind)
         if definition is None or definition.version != task.version:
@@ -203,7 +203,7 @@ class Reconciler:
         index = self.index()
         for child in await ordinary_owned_work(self.tx, index, task):
             if not child.abort_requested:
-                self.put(child.model_copy(update={"abort_requested": True, "abort_reason": "cascade"}))
+                self.put(child.marked_for_abort("cascade"))
         for conversation in await owned_conversations(self.tx, task.id):
             await withdraw_inputs(self.tx, conversation.id)
 
@@ -238,9 +238,7 @@ class Reconciler:
                 for other_id in waiter.state.on:
                     other = index.live(other_id)
                     if other is not None and not other.abort_requested:
-                        self.put(
-                            other.model_copy(update={"abort_requested": True, "abort_reason": "fail_fast"})
-                        )
+                        self.put(other.marked_for_abort("fail_fast"))
             if waiter.id not in owner_ids:
                 owner_ids.append(waiter.id)
         for owner_id in owner_ids:

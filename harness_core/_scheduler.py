@@ -121,7 +121,7 @@ class Scheduler:
         ids = set().union(*(published.by_status.get(s, set()) for s in ("pending", "running", "waiting")))
         for task_id in sorted(ids):
             task = published.live_tasks.get(task_id)
-            if task is None or task.id in self.invocations or task.held:
+            if task is None or task.id in self.invocations or task.parked:
                 continue
             status = task.state.status
             if status == "running":
@@ -144,7 +144,7 @@ class Scheduler:
         index = tx.live_view()
         for task_id in candidates:
             task = await tx.task(task_id)
-            if task is None or not task.live or task.held or task.state.status in ("running", "completing"):
+            if task is None or not task.live or task.parked or task.state.status in ("running", "completing"):
                 continue
             if task.abort_requested:
                 if await ordinary_owned_work(tx, index, task):

@@ -184,7 +184,7 @@ class ConversationHandle:
                 if task.background and not background:
                     continue
                 if not task.abort_requested:
-                    tx.put_task(task.model_copy(update={"abort_requested": True, "abort_reason": STOPPED}))
+                    tx.put_task(task.marked_for_abort(STOPPED))
                 marked.append(task.id)
             return marked
 

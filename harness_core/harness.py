@@ -637,9 +637,7 @@ class Harness:
                 result.append("terminal")
                 return
             result.append("marked")
-            marked = task.model_copy(
-                update={"abort_requested": True, "abort_reason": task.abort_reason or "aborted"}
-            )
+            marked = task.marked_for_abort(task.abort_reason or "aborted")
             blocked = self.scheduler.blocked(marked)
             index = tx.live_view()
             if (

@@ -154,11 +154,14 @@ class Task(_Record):
     def live(self) -> bool:
         return self.state.status != "terminal"
 
-    @property
-    def held(self) -> bool:
-        """Parked and not asked to abort: not scheduled until `retry_task`. An abort of a parked task runs (its
-        abort handler is not the step that kept killing the process; `cancel` is how an operator gives up)."""
-        return self.parked and not self.abort_requested
+    def marked_for_abort(self, reason: str) -> Task:
+        """This task asked to abort for `reason`. A parked one is unparked with a fresh restart count: its abort
+        handler is not the step that kept killing the process (`cancel` is how an operator gives up on it), and
+        an abort that kills the process in turn is parked again after the limit."""
+        update: dict[str, Any] = {"abort_requested": True, "abort_reason": reason}
+        if self.parked:
+            update |= {"parked": False, "restarts": 0}
+        return self.model_copy(update=update)
 
 
 # --- submissions --------------------------------------------------------------------------------------------

@@ -388,6 +388,34 @@ async def test_a_parked_task_that_is_cancelled_runs_its_abort_not_its_work() -> 
     await harness.close()
 
 
+async def test_an_abort_that_keeps_killing_its_process_is_parked_too() -> None:
+    """The abort of a parked task gets a fresh restart count, not a pass: a store as a process leaves it after
+    dying in the child's abort handler past the limit is parked again, and the handler does not run."""
+    storage = await MemoryStorage.open()
+    dying = Task(
+        id=10,
+        conversation_id=1,
+        kind="test.child",
+        input={"behaviour": "slow", "name": "c0"},
+        state=TaskState(status="running", checkpoint={"phase": "run"}),
+        restarts=5,
+        abort_requested=True,
+        abort_reason="aborted",
+    )
+    await storage.commit([CommitBatch(seq=1, next_id=11, conversations=[Conversation(id=1)], tasks=[dying])])
+    harness = await open_with_tasks(storage)
+    harness.resume()
+    await asyncio.sleep(0.1)
+    task = await harness.get_task(10)
+    assert task is not None and task.parked and task.restarts == 6 and task.state.status == "pending"
+    assert log == []  # its abort handler did not run again
+    assert await harness.abort_task(10) == "marked"  # the operator cancels once more: a new budget
+    done = await asyncio.wait_for(harness.wait_for_task(10), 10)
+    assert done.state.outcome is not None and done.state.outcome.status == "aborted"
+    assert log == ["abort:c0"]
+    await harness.close()
+
+
 async def test_graceful_close_joins_and_writes_no_outcome(tmp_path: Path) -> None:
     registry = Registry()
     registry.install(ALL)
