@@ -105,6 +105,7 @@ class BotMetrics:
         self._governors: Callable[[], dict[str, RateGovernor]] | None = None
         # The counts of partitions that left this worker: Prometheus counters must never go back.
         self._retired = BridgeStats()
+        self._leaving: list[BridgeStats] = []  # partitions being closed: still counting, no longer in parts
 
     # --- wiring -----------------------------------------------------------------------------------------------
 
@@ -124,8 +125,14 @@ class BotMetrics:
         counted by subscribing `on_publication` to each partition's harness while it runs."""
         self._parts, self._governors, self.adapters = parts, governors, adapters
 
+    def leaving(self, bridge: Bridge) -> None:
+        """A partition's bridge leaves this worker (lost or handed over): counted from here on until `retire`,
+        so no scrape while it closes misses its counts."""
+        self._leaving.append(bridge.stats)
+
     def retire(self, bridge: Bridge) -> None:
-        """A partition's bridge leaves this worker (lost or handed over): its counts stay in the totals."""
+        """The partition's bridge has stopped: its final counts stay in the totals."""
+        self._leaving = [stats for stats in self._leaving if stats is not bridge.stats]
         self._retired.add(bridge.stats)
 
     def on_publication(self, publication: Publication) -> None:
@@ -146,6 +153,8 @@ class BotMetrics:
         event loop."""
         found = Sample()
         _add_counts(found, self._retired)
+        for stats in self._leaving:
+            _add_counts(found, stats)
         if self._parts is not None:
             parts = list(self._parts())
         else:

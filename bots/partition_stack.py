@@ -206,14 +206,17 @@ class PartitionHost:
                 await handle.close()
             return
         lost = part.gone.result() if part.gone.done() else None  # closing it below resolves `gone` too
-        if number in self.router.owned():
-            await self.router.remove_partition(number)
-        part.unsubscribe()
+        self.metrics.leaving(part.bridge)  # in the same step as leaving `parts`: no scrape misses its counts
         try:
-            await asyncio.wait_for(part.bridge.stop(), STEP_TIMEOUT)
-        except Exception as exc:
-            log.warning("partition %d: stopping its bridge: %r", number, exc)
-        self.metrics.retire(part.bridge)
+            if number in self.router.owned():
+                await self.router.remove_partition(number)
+            part.unsubscribe()
+            try:
+                await asyncio.wait_for(part.bridge.stop(), STEP_TIMEOUT)
+            except Exception as exc:
+                log.warning("partition %d: stopping its bridge: %r", number, exc)
+        finally:
+            self.metrics.retire(part.bridge)
         try:
             await asyncio.wait_for(part.harness.close(), STEP_TIMEOUT * 2)
         except Exception as exc:

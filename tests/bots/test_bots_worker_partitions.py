@@ -280,3 +280,35 @@ async def test_a_worker_with_another_partition_count_than_the_store_exits_with_o
     assert result.returncode == 3, result.stdout + result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert f"has {PARTITIONS} partitions" in line and "8" in line and "[storage] partitions" in line, line
+
+
+async def test_counters_never_go_back_while_a_lost_partition_closes(tmp_path: Path, pg_url: str) -> None:
+    worker = await in_process_worker(tmp_path, pg_url)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await worker.balancer.start()
+        lost = worker.host.parts[2]
+        lost.bridge.stats.taken_in["slack"] += 5
+        stop = lost.bridge.stop
+        stopping = asyncio.Event()
+
+        async def slow_stop() -> None:  # replies finishing their step on a slow platform
+            stopping.set()
+            await asyncio.sleep(0.5)
+            await stop()
+
+        lost.bridge.stop = slow_stop  # type: ignore[method-assign]
+        await conn.execute(
+            "UPDATE leases SET holder = 'thief', epoch = epoch + 1, expires_at = now() + interval '1 minute' "
+            "WHERE partition = 2"
+        )
+        await asyncio.wait_for(stopping.wait(), TTL * 4)  # out of `parts`, its bridge still stopping
+        seen = []
+        while 2 in worker.host.parts or not lost.harness.closed.done():
+            seen.append((await worker.host.metrics.sample()).taken_in.get("slack", 0))
+            await asyncio.sleep(0.05)
+        seen.append((await worker.host.metrics.sample()).taken_in.get("slack", 0))
+        assert len(seen) > 3 and set(seen) == {5}, seen
+    finally:
+        await conn.close()
+        await worker.close()
