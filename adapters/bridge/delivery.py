@@ -42,6 +42,7 @@ log = logging.getLogger("adapters.bridge")
 
 
 REPLY_KEY_PREFIX = "reply:"
+STALE_DELETE_TRIES = 3  # a rate-limited delete of an outdated status message is tried this often
 REMOVED_TEXT = "\u2800"  # Braille blank: shows nothing, yet every platform takes it as a non-empty text
 
 
@@ -240,7 +241,11 @@ class ReplyWorker:
                         target, text, part["key"], final=final, requester=self.requester(reply)
                     )
                 self.bridge.shown[message_id] = text
-                await self.record_part(index, {**part, "message_id": message_id})
+                # Whether it was posted showing only a status: what a later process knows of it (no commit
+                # per edit records what it shows since).
+                await self.record_part(
+                    index, {**part, "message_id": message_id, "status": is_status_only(text)}
+                )
             elif self.bridge.shown.get(message_id) != text:
                 try:
                     # Final edits are paced too (they wait their turn, they are never skipped).
@@ -248,16 +253,21 @@ class ReplyWorker:
                         await transport.edit(target, message_id, text, part["key"], final=final)
                 except (MessageGone, EditExpired) as refused:
                     # Continue in a new message; the old one keeps what it showed, unless that was only a
-                    # status (an on-hold notice, a wait), which would go on saying so: it is deleted.
+                    # status (an on-hold notice, a wait), which would go on saying so: it is deleted. What it
+                    # shows is known in the process that showed it, else by how it was posted (a message
+                    # posted as a status that showed answer text since loses nothing: the new one has it all).
                     stale = message_id if isinstance(refused, EditExpired) else None
-                    stale_status = stale is not None and is_status_only(self.bridge.shown.get(stale, ""))
+                    shown = self.bridge.shown.get(message_id)
+                    stale_status = is_status_only(shown) if shown is not None else bool(part.get("status"))
                     new_key = f"{part['key']}+"
                     await self.record_part(index, {"key": new_key, "message_id": None})
                     async with self.pace(transport, target):
                         message_id = await transport.create(
                             target, text, new_key, final=final, requester=self.requester(reply)
                         )
-                    await self.record_part(index, {"key": new_key, "message_id": message_id})
+                    await self.record_part(
+                        index, {"key": new_key, "message_id": message_id, "status": is_status_only(text)}
+                    )
                     if stale is not None and stale_status:
                         await self.delete_stale(transport, target, stale, part["key"])
                 self.bridge.shown[message_id] = text
@@ -265,14 +275,21 @@ class ReplyWorker:
         return ids
 
     async def delete_stale(self, transport: Transport, target: Place, message_id: str, key: str) -> None:
-        """Delete a message that showed only a status and can no longer be edited (best effort: a crash before
-        the delete, or a platform that refuses it, leaves it as it was)."""
+        """Delete a message that showed only a status and can no longer be edited. Best effort: its new part is
+        recorded already, so this step does not come back for it; a crash before the delete, a platform that
+        refuses it or keeps failing leaves it as it was."""
         self.bridge.shown.pop(message_id, None)
-        async with self.pace(transport, target):
+        for _ in range(STALE_DELETE_TRIES):
             try:
-                await transport.delete(target, message_id, key)
-            except (DeleteRefused, MessageGone) as exc:
+                async with self.pace(transport, target):
+                    await transport.delete(target, message_id, key)
+                return
+            except RetryLater as exc:  # rate limited: wait as asked, then once more
+                await asyncio.sleep(exc.seconds)
+            except (DeleteRefused, MessageGone, TransportError) as exc:
                 log.info("reply %s: an outdated status message %s stays (%s)", self.key, message_id, exc)
+                return
+        log.info("reply %s: an outdated status message %s stays (still rate limited)", self.key, message_id)
 
     async def remove_parts(
         self, transport: Transport, target: Place, parts: list[dict[str, Any]], *, keep: int

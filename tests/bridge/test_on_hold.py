@@ -9,8 +9,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from adapters.bridge import Place
-from adapters.bridge.model import EditExpired
+from adapters.bridge.model import EditExpired, RetryLater
 from adapters.bridge.text import QUEUED, WAITING_BEHIND_HOLD, is_status_only, render_partial
 from harness_core import Tx, tool
 from harness_core.messages import AssistantMessage, ToolResultMessage
@@ -55,7 +57,10 @@ def test_only_status_lines_count_as_status() -> None:
     assert not is_status_only("") and not is_status_only("the build is green")
 
 
-async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying_on_hold(bots: Bots) -> None:
+@pytest.mark.parametrize("restarted", [False, True], ids=["same process", "after a restart"])
+async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying_on_hold(
+    bots: Bots, restarted: bool
+) -> None:
     release = asyncio.Event()
 
     @tool
@@ -100,6 +105,18 @@ async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying
         return await plain_edit(target, message_id, text, key, final=final)
 
     bot.platform.edit = edit  # type: ignore[method-assign]
+    plain_delete = bot.platform.delete
+    limited: set[str] = set()
+
+    async def delete(target: Place, message_id: str, key: str) -> None:  # each first delete is rate limited
+        if message_id not in limited:
+            limited.add(message_id)
+            raise RetryLater(0.01)
+        await plain_delete(target, message_id, key)
+
+    bot.platform.delete = delete  # type: ignore[method-assign]
+    if restarted:
+        bot.bridge.shown.clear()  # what a new process knows of the texts shown: nothing
     await bot.harness.retry_task(task_id)
     release.set()
     await bot.settle()
@@ -110,6 +127,7 @@ async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying
         "tool said: worked this time",
     ]
     assert not set(held) & {m.id for m in bot.platform.in_place(CHANNEL)}
+    assert limited == set(held)  # each delete was rate limited once, then made
 
 
 async def test_a_parked_task_cancelled_by_the_operator_leaves_no_on_hold_text(bots: Bots) -> None:
