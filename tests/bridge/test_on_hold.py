@@ -62,34 +62,7 @@ async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying
     bots: Bots, restarted: bool
 ) -> None:
     release = asyncio.Event()
-
-    @tool
-    async def fragile() -> str:
-        """Hangs until released (in the real case: kills its process until repaired)."""
-        await release.wait()
-        return "worked this time"
-
-    def responder(request: ModelRequest) -> AssistantMessage:
-        last = request.messages[-1]
-        if isinstance(last, ToolResultMessage):
-            return faux_assistant(f"tool said: {last.text()}")
-        text = user_texts(request)[-1]
-        if "fragile" in text:
-            return faux_assistant([faux_tool_call("fragile", {}, id="f1")])
-        return faux_assistant(f"answer to {text.split('> ')[-1]}")
-
-    bot = await bots(responder=responder, tools=[fragile])
-    await bot.say("1.1", "<@BOT> run fragile", user="U1", name="alice")
-    task_id = await until_running(bot, "core.tool")
-
-    async def park(tx: Tx) -> None:  # what reopening after the limit of deaths commits
-        task = await tx.task(task_id)
-        assert task is not None
-        tx.put_task(task.model_copy(update={"parked": True, "restarts": 2}))
-
-    await bot.harness.commit(park)
-    for key in list(bot.bridge.delivery.active):  # and then the restarted bridge shows every live reply
-        bot.bridge.delivery.kick(key)
+    bot, task_id = await parked_fragile_call(bots, release)
     await until(lambda: any("on hold" in text for text in bot.platform.texts(CHANNEL)), "the on-hold line")
     await bot.say("1.2", "<@BOT> is the build green?", user="U2", name="bob")
     await until(lambda: WAITING_BEHIND_HOLD in bot.platform.texts(CHANNEL), "the waiting notice")
@@ -131,11 +104,26 @@ async def test_notices_that_can_no_longer_be_edited_are_replaced_not_left_saying
 
 
 async def test_a_parked_task_cancelled_by_the_operator_leaves_no_on_hold_text(bots: Bots) -> None:
+    bot, task_id = await parked_fragile_call(bots, asyncio.Event())
+    await bot.say("1.2", "<@BOT> is the build green?", user="U2", name="bob")
+    await until(lambda: WAITING_BEHIND_HOLD in bot.platform.texts(CHANNEL), "the waiting notice")
+    assert await bot.harness.abort_task(task_id) in ("marked", "terminal")  # `durable-bots cancel`
+    await bot.settle()
+    texts = bot.platform.texts(CHANNEL)
+    assert not [text for text in texts if "on hold" in text], texts
+    assert "answer to is the build green?" in texts  # bob's question answered after all
+
+
+async def parked_fragile_call(bots: Bots, release: asyncio.Event) -> tuple[Bot, int]:
+    """A bot whose answer to alice runs `fragile` (it hangs until `release`; in the real case it kills its
+    process until repaired), with that tool task parked as reopening after the limit of deaths leaves it and
+    every live reply shown again (what the restarted bridge does). Returns the bot and the task id."""
+
     @tool
     async def fragile() -> str:
-        """Hangs (in the real case: kills its process)."""
-        await asyncio.Event().wait()
-        return "never"
+        """Hangs until released."""
+        await release.wait()
+        return "worked this time"
 
     def responder(request: ModelRequest) -> AssistantMessage:
         last = request.messages[-1]
@@ -158,13 +146,7 @@ async def test_a_parked_task_cancelled_by_the_operator_leaves_no_on_hold_text(bo
     await bot.harness.commit(park)
     for key in list(bot.bridge.delivery.active):
         bot.bridge.delivery.kick(key)
-    await bot.say("1.2", "<@BOT> is the build green?", user="U2", name="bob")
-    await until(lambda: WAITING_BEHIND_HOLD in bot.platform.texts(CHANNEL), "the waiting notice")
-    assert await bot.harness.abort_task(task_id) in ("marked", "terminal")  # `durable-bots cancel`
-    await bot.settle()
-    texts = bot.platform.texts(CHANNEL)
-    assert not [text for text in texts if "on hold" in text], texts
-    assert "answer to is the build green?" in texts  # bob's question answered after all
+    return bot, task_id
 
 
 async def until_running(bot: Bot, kind: str) -> int:

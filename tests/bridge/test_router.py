@@ -246,15 +246,23 @@ async def test_a_failing_store_delays_records_without_losing_them(bots: BotFacto
     assert owner.bridge.stats.duplicates["memory"] == 1
 
 
-async def test_a_forwarded_click_is_decided_once_by_the_gates_owner(bots: BotFactory, routers: Any) -> None:
-    ingress, platform = MemoryIngress(), MemoryTransport()
-    runs: list[str] = []
-    policy = ApprovalPolicy(tools=["deploy"], approvers=["UBOSS"])
+async def asked_to_deploy(
+    bots: BotFactory, platform: MemoryTransport, runs: list[str], policy: ApprovalPolicy
+) -> tuple[Bot, Any]:
+    """A bot on `platform` asked by alice to deploy: its approval card is up (returned with the bot)."""
     owner = await bots(
         platform=platform, responder=deploy_flow, tools=[deploy_tool(runs)], approvals=[policy]
     )
     await owner.say("100.1", "ship it", user="U1", name="alice")
-    card = await gate_message(owner)
+    return owner, await gate_message(owner)
+
+
+async def test_a_forwarded_click_is_decided_once_by_the_gates_owner(bots: BotFactory, routers: Any) -> None:
+    ingress, platform = MemoryIngress(), MemoryTransport()
+    runs: list[str] = []
+    owner, card = await asked_to_deploy(
+        bots, platform, runs, ApprovalPolicy(tools=["deploy"], approvers=["UBOSS"])
+    )
     gate = gate_id(card)
     partition = gate % PARTITIONS
     a, b = routers(ingress), routers(ingress)
@@ -288,13 +296,7 @@ async def test_a_click_its_owner_refused_leaves_the_clickers_key_free_for_a_late
     he is in the approvers' group: the owner refuses it. Once in the group he clicks again, and that click is
     decided, not taken for a repeat of the refused one."""
     ingress, platform = MemoryIngress(), MemoryTransport()
-    runs: list[str] = []
-    policy = ApprovalPolicy(tools=["deploy"], groups=["GOPS"])
-    owner = await bots(
-        platform=platform, responder=deploy_flow, tools=[deploy_tool(runs)], approvals=[policy]
-    )
-    await owner.say("100.1", "ship it", user="U1", name="alice")
-    card = await gate_message(owner)
+    owner, card = await asked_to_deploy(bots, platform, [], ApprovalPolicy(tools=["deploy"], groups=["GOPS"]))
     gate = gate_id(card)
     intake, consumer = routers(ingress, consume=False), routers(ingress)
     intake.attach(platform)
