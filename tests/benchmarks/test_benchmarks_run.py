@@ -79,3 +79,17 @@ def test_intake_bounds_runs_each_way_and_times_the_servers_wal_flushes(tmp_path:
     assert "no answered turns: answered turns/s during the load" in stdout
     assert "(0 of 0)" in stdout  # no message mentioned the bot in that way
     assert "event(s) not acked" not in stdout
+
+
+def test_put_order_ab_measures_both_ingress_statements() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.put_order_ab", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    for size in (1, 8, 64):
+        assert f"{size:3} puts per write: arrival order " in done.stdout, done.stdout
+    assert done.stdout.count("key order / arrival order = ") == 3
