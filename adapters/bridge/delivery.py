@@ -256,9 +256,9 @@ class ReplyWorker:
                     # status (an on-hold notice, a wait), which would go on saying so: it is deleted. What it
                     # shows is known in the process that showed it, else by how it was posted (a message
                     # posted as a status that showed answer text since loses nothing: the new one has it all).
-                    stale = message_id if isinstance(refused, EditExpired) else None
                     shown = self.bridge.shown.get(message_id)
-                    stale_status = is_status_only(shown) if shown is not None else bool(part.get("status"))
+                    status_only = is_status_only(shown) if shown is not None else bool(part.get("status"))
+                    stale = message_id if isinstance(refused, EditExpired) and status_only else None
                     new_key = f"{part['key']}+"
                     await self.record_part(index, {"key": new_key, "message_id": None})
                     async with self.pace(transport, target):
@@ -268,7 +268,7 @@ class ReplyWorker:
                     await self.record_part(
                         index, {"key": new_key, "message_id": message_id, "status": is_status_only(text)}
                     )
-                    if stale is not None and stale_status:
+                    if stale is not None:
                         await self.delete_stale(transport, target, stale, part["key"])
                 self.bridge.shown[message_id] = text
             ids.append(message_id)

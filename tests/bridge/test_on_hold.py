@@ -55,6 +55,20 @@ def test_only_status_lines_count_as_status() -> None:
     assert is_status_only("⚙️ running `deploy`…\n⏳ `open_ticket` queued")
     assert not is_status_only("Looking at the logs …\n⚙️ running `search_logs`…")  # answer text goes with it
     assert not is_status_only("") and not is_status_only("the build is green")
+    # Every status line render_partial writes is recognised (the marks and the renderer must agree).
+    live = {
+        "run": {"task_id": 12, "inputs": [3]},
+        "generation": {"retry": {"attempt": 1}},
+        "tools": [
+            {"name": "deploy", "task_id": 13, "status": "pending"},
+            {"name": "search_logs", "task_id": 14, "status": "running"},
+            {"name": "open_ticket", "task_id": 15, "status": "pending"},
+            {"name": "fragile", "task_id": 16, "status": "running"},
+        ],
+    }
+    rendered = render_partial(live, ["deploy"], {16: 2, 12: 3})
+    assert len(rendered.splitlines()) == 6 and is_status_only(rendered), rendered
+    assert is_status_only(render_partial({}, []))  # the bare placeholder
 
 
 @pytest.mark.parametrize("restarted", [False, True], ids=["same process", "after a restart"])
